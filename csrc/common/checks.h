@@ -1,0 +1,103 @@
+#pragma once
+// Argument checks shared by every backend of an op. The Python layer checks first and
+// names the user's arguments; these guard direct torch.ops calls so that no kernel ever
+// sees a tensor it would read out of bounds.
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+namespace fusednorm {
+
+inline bool is_reduced_float(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16;
+}
+
+// Parameters may be the input's dtype, or fp32 for fp16/bf16 inputs (mixed precision).
+inline void check_param(const std::optional<at::Tensor>& param, const char* name,
+                        const at::Tensor& input, int64_t N) {
+  if (!param.has_value() || !param->defined()) return;
+  const at::Tensor& p = *param;
+  TORCH_CHECK(p.dim() == 1 && p.size(0) == N, "fusednorm: ", name,
+              " must be a 1-D tensor of ", N, " elements, got shape ", p.sizes());
+  TORCH_CHECK(p.device() == input.device(), "fusednorm: ", name, " is on ", p.device(),
+              " but input is on ", input.device());
+  TORCH_CHECK(p.scalar_type() == input.scalar_type() ||
+                  (p.scalar_type() == at::kFloat && is_reduced_float(input.scalar_type())),
+              "fusednorm: ", name, " must have the input's dtype (", input.scalar_type(),
+              ") or float32 for a float16/bfloat16 input, got ", p.scalar_type());
+  TORCH_CHECK(p.is_contiguous(), "fusednorm: ", name, " must be contiguous");
+}
+
+// weight and bias of a [M, N] input; when both are given they share one dtype.
+inline void check_params(const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& bias, const at::Tensor& input) {
+  check_param(weight, "weight", input, input.size(1));
+  check_param(bias, "bias", input, input.size(1));
+  if (weight.has_value() && weight->defined() && bias.has_value() && bias->defined()) {
+    TORCH_CHECK(weight->scalar_type() == bias->scalar_type(),
+                "fusednorm: weight and bias must have the same dtype, got ",
+                weight->scalar_type(), " and ", bias->scalar_type());
+  }
+}
+
+// The dtype the parameters are read in: weight's, else bias's, else the input's.
+inline at::ScalarType param_dtype(const std::optional<at::Tensor>& weight,
+                                  const std::optional<at::Tensor>& bias,
+                                  const at::Tensor& input) {
+  if (weight.has_value() && weight->defined()) return weight->scalar_type();
+  if (bias.has_value() && bias->defined()) return bias->scalar_type();
+  return input.scalar_type();
+}
+
+inline void check_floating_input(const at::Tensor& t, const char* name) {
+  const auto st = t.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || is_reduced_float(st), "fusednorm: ",
+              name, " must be float32, float64, float16 or bfloat16, got ", st);
+}
+
+// The [M, N] row-major layout every LayerNorm kernel reads.
+inline void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2, "fusednorm: ", name, " must be 2-D [M, N], got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "fusednorm: ", name, " must be contiguous");
+  check_floating_input(t, name);
+}
+
+// Saved statistics: [M] of float32 (float64 for a float64 input).
+inline at::ScalarType stats_dtype(at::ScalarType input) {
+  return input == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+inline void check_stats(const at::Tensor& stat, const char* name, const at::Tensor& input) {
+  TORCH_CHECK(stat.dim() == 1 && stat.size(0) == input.size(0), "fusednorm: ", name,
+              " must have shape [", input.size(0), "], got ", stat.sizes());
+  TORCH_CHECK(stat.scalar_type() == stats_dtype(input.scalar_type()), "fusednorm: ", name,
+              " must be ", stats_dtype(input.scalar_type()), ", got ", stat.scalar_type());
+  TORCH_CHECK(stat.device() == input.device() && stat.is_contiguous(), "fusednorm: ", name,
+              " must be contiguous and on ", input.device());
+}
+
+inline void check_layer_norm_fwd_args(const at::Tensor& input,
+                                      const std::optional<at::Tensor>& weight,
+                                      const std::optional<at::Tensor>& bias, double eps) {
+  check_rows(input, "input");
+  TORCH_CHECK(eps >= 0.0, "fusednorm: eps must be >= 0, got ", eps);
+  check_params(weight, bias, input);
+}
+
+inline void check_layer_norm_bwd_args(const at::Tensor& grad_out, const at::Tensor& input,
+                                      const at::Tensor& mean, const at::Tensor& rstd,
+                                      const std::optional<at::Tensor>& weight,
+                                      const std::optional<at::Tensor>& bias) {
+  check_rows(input, "input");
+  check_rows(grad_out, "grad_out");
+  TORCH_CHECK(grad_out.sizes() == input.sizes() && grad_out.scalar_type() == input.scalar_type(),
+              "fusednorm: grad_out must match input (", input.sizes(), ", ",
+              input.scalar_type(), "), got ", grad_out.sizes(), ", ", grad_out.scalar_type());
+  TORCH_CHECK(grad_out.device() == input.device(), "fusednorm: grad_out is on ",
+              grad_out.device(), " but input is on ", input.device());
+  check_stats(mean, "mean", input);
+  check_stats(rstd, "rstd", input);
+  check_params(weight, bias, input);
+}
+
+}  // namespace fusednorm

@@ -1,0 +1,64 @@
+"""Loads the compiled library fusednorm._C, whose import registers torch.ops.fusednorm.*.
+
+The CPU kernels are compiled for the SIMD level of the building machine; on a CPU without
+it the library is not loaded (it would die of an illegal instruction) and fusednorm falls
+back to its plain-PyTorch reference with a warning.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+# torch.backends.cpu.get_cpu_capability() names, lowest first.
+_CAPABILITY_ORDER = ["default", "avx2", "avx512"]
+
+LOAD_ERROR: str | None = None
+
+
+def _cpu_supports(built: str) -> bool:
+    have = torch.backends.cpu.get_cpu_capability().lower()
+    if built == "default" or have not in _CAPABILITY_ORDER:
+        return built == "default"
+    return _CAPABILITY_ORDER.index(have) >= _CAPABILITY_ORDER.index(built)
+
+
+def _load() -> bool:
+    global LOAD_ERROR
+    try:
+        from . import _build_config
+    except ImportError:
+        LOAD_ERROR = "fusednorm was not compiled (no fusednorm/_build_config.py)"
+        return False
+    if not _cpu_supports(_build_config.CPU_CAPABILITY):
+        LOAD_ERROR = (
+            f"fusednorm._C was built for {_build_config.CPU_CAPABILITY} but this CPU supports "
+            f"{torch.backends.cpu.get_cpu_capability()}; rebuild with "
+            "FUSEDNORM_CPU_CAPABILITY=default"
+        )
+        return False
+    try:
+        from . import _C  # noqa: F401  (registers the ops)
+    except ImportError as error:
+        LOAD_ERROR = f"fusednorm._C failed to import: {error}"
+        return False
+    return True
+
+
+AVAILABLE = _load()
+if not AVAILABLE:
+    warnings.warn(
+        f"{LOAD_ERROR}. fusednorm runs its plain-PyTorch reference instead (slow).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def has_kernel(op: str, device_type: str) -> bool:
+    """Whether torch.ops.fusednorm.<op> has a compiled kernel for this device type."""
+    if not AVAILABLE:
+        return False
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"fusednorm::{op}", key
+    )

@@ -1,0 +1,30 @@
+"""build_info(): what this installation of fusednorm compiled and can run."""
+from __future__ import annotations
+
+import torch
+
+from . import _loader
+
+__version__ = "0.1.0"
+
+
+def build_info() -> dict:
+    """Compiled kernels and the versions around them, e.g. for bug reports and results
+    files: {'fusednorm', 'torch', 'cuda', 'compiled', 'cpu_capability', 'cpu_kernels',
+    'cuda_kernels', 'cuda_archs', 'load_error'}."""
+    compiled: dict[str, str] = {}
+    if _loader.AVAILABLE:
+        for line in torch.ops.fusednorm.build_info().splitlines():
+            key, _, value = line.partition("=")
+            compiled[key] = value
+    return {
+        "fusednorm": __version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "compiled": _loader.AVAILABLE,
+        "cpu_capability": compiled.get("cpu_capability"),
+        "cpu_kernels": _loader.has_kernel("layer_norm_fwd", "cpu"),
+        "cuda_kernels": _loader.has_kernel("layer_norm_fwd", "cuda"),
+        "cuda_archs": compiled.get("cuda_archs", "").replace("_", " ").split(),
+        "load_error": _loader.LOAD_ERROR,
+    }

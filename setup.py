@@ -1,0 +1,166 @@
+"""Build fusednorm._C: the CPU kernels always, the CUDA kernels when torch and nvcc allow.
+
+Knobs (environment variables):
+  FUSEDNORM_CPU_ONLY=1            skip the CUDA sources even when they could be built
+  FUSEDNORM_CPU_CAPABILITY=...    'avx512', 'avx2' or 'default': the SIMD level of the CPU
+                                  kernels; by default the best one the building CPU has
+  TORCH_CUDA_ARCH_LIST="9.0"      CUDA archs; defaults to the visible GPUs, or 9.0 without one
+  CUDA_HOME=/usr/local/cuda       toolkit root; found from nvcc when unset
+  MAX_JOBS=N                      parallel compile jobs (ninja)
+  FUSEDNORM_DEBUG=1               -O0 -g, for debuggers and sanitizers
+"""
+import glob
+import os
+import shutil
+import sys
+import sysconfig
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _nvcc_toolkit_root():
+    """Where the CUDA toolkit really lives: /usr/local/bin/nvcc may be a wrapper script, so
+    torch's guess (dirname of dirname of `which nvcc`) can name /usr/local instead."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = shutil.which("nvcc")
+    candidates = []
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates.append("/usr/local/cuda")
+    for root in candidates:
+        if os.path.exists(os.path.join(root, "bin", "nvcc")) and os.path.exists(
+            os.path.join(root, "include", "cuda_runtime.h")
+        ):
+            return root
+    return None
+
+
+# torch.utils.cpp_extension reads CUDA_HOME when it is imported: set it first.
+_toolkit = _nvcc_toolkit_root()
+if _toolkit and not os.environ.get("CUDA_HOME"):
+    os.environ["CUDA_HOME"] = _toolkit
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import (  # noqa: E402
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
+
+
+def _want_cuda():
+    if os.environ.get("FUSEDNORM_CPU_ONLY", "0") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def _cpu_capability():
+    """SIMD level for at::vec. The kernels are built for the building machine (like
+    -march=native); fusednorm refuses to load on a CPU that lacks it instead of crashing."""
+    wanted = os.environ.get("FUSEDNORM_CPU_CAPABILITY")
+    if wanted:
+        return wanted.lower()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    # AVX2 is the widest level used by default: at::vec's AVX-512 path runs at lower clocks
+    # on many CPUs and gains nothing for a memory-bound kernel.
+    if "avx2" in flags and "fma" in flags:
+        return "avx2"
+    return "default"
+
+
+def _cpu_flags(capability):
+    flags = {
+        "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
+        "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+        "avx512": [
+            "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+            "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
+        ],
+    }
+    if capability not in flags:
+        sys.exit(f"FUSEDNORM_CPU_CAPABILITY must be one of {sorted(flags)}, got {capability!r}")
+    return flags[capability] + [f"-DFUSEDNORM_CPU_CAPABILITY_NAME={capability}"]
+
+
+def _nvidia_wheel_dirs(sub):
+    """Header/library folders of the nvidia-* wheels (cuBLAS, cuSPARSE headers for ATen)."""
+    found = []
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        found += glob.glob(os.path.join(site, "nvidia", "*", sub))
+    return sorted(d for d in found if os.path.isdir(d))
+
+
+def _cublaslt_link_args(lib_dirs):
+    """Link cuBLASLt by its versioned name where the wheels ship no unversioned .so."""
+    for d in lib_dirs + [os.path.join(CUDA_HOME or "", "lib64")]:
+        for name in sorted(glob.glob(os.path.join(d, "libcublasLt.so*"))):
+            return [f"-L{d}", f"-l:{os.path.basename(name)}", f"-Wl,-rpath,{d}"]
+    return ["-lcublasLt"]
+
+
+def _default_arch_list():
+    """TORCH_CUDA_ARCH_LIST as given, else the visible GPUs' archs, else 9.0 (no GPU: CI
+    still compiles every .cu file for Hopper)."""
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        archs = {
+            "{}.{}".format(*torch.cuda.get_device_capability(i))
+            for i in range(torch.cuda.device_count())
+        } if torch.cuda.is_available() else {"9.0"}
+        os.environ["TORCH_CUDA_ARCH_LIST"] = " ".join(sorted(archs))
+
+
+def make_extension():
+    debug = os.environ.get("FUSEDNORM_DEBUG", "0") == "1"
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    capability = _cpu_capability()
+    cxx = opt + ["-fvisibility=hidden"] + _cpu_flags(capability)
+    sources = ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    macros = [("Py_LIMITED_API", "0x030A0000")]
+    if not _want_cuda():
+        return CppExtension(
+            "fusednorm._C", sources, include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx}, define_macros=macros, py_limited_api=True,
+        )
+    _default_arch_list()
+    include_dirs += _nvidia_wheel_dirs("include")
+    # Spaces cannot travel through ninja's command line: "9.0 10.0" becomes 9.0_10.0.
+    archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split()
+    with_cuda = ["-DFUSEDNORM_WITH_CUDA", f"-DFUSEDNORM_CUDA_ARCHS={'_'.join(archs)}"]
+    nvcc = opt + ["--expt-relaxed-constexpr", "-lineinfo"]
+    return CUDAExtension(
+        "fusednorm._C",
+        sources + sorted(glob.glob("csrc/cuda/*.cu")),
+        include_dirs=include_dirs,
+        define_macros=macros,
+        extra_compile_args={"cxx": cxx + with_cuda, "nvcc": nvcc + with_cuda},
+        extra_link_args=_cublaslt_link_args(_nvidia_wheel_dirs("lib")),
+        py_limited_api=True,
+    )
+
+
+def write_build_config(extension):
+    """fusednorm/_build_config.py: what was compiled, read before loading _C."""
+    capability = _cpu_capability()
+    with open(os.path.join(ROOT, "fusednorm", "_build_config.py"), "w") as f:
+        f.write("# Written by setup.py at build time.\n")
+        f.write(f"CPU_CAPABILITY = {capability!r}\n")
+        f.write(f"CUDA = {'nvcc' in extension.extra_compile_args!r}\n")
+        f.write(f"TORCH_CUDA_ARCH_LIST = {os.environ.get('TORCH_CUDA_ARCH_LIST', '')!r}\n")
+        f.write(f"BUILT_WITH_TORCH = {torch.__version__!r}\n")
+    return extension
+
+
+setup(
+    ext_modules=[write_build_config(make_extension())],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)
