@@ -1,0 +1,48 @@
+"""Shared test helpers: the devices to run on and the three-way accuracy check."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusednorm
+
+HAS_CUDA = torch.cuda.is_available() and fusednorm.build_info()["cuda_kernels"]
+
+# Every test parametrized over DEVICES runs on CPU, and on CUDA when a GPU is visible
+# (skipped, and reported as skipped, otherwise).
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")),
+]
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+# Absolute slack per dtype for the three-way check, on top of twice PyTorch's own error.
+ATOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def assert_close_three_way(fused, torch_same_dtype, ref64, dtype, what="output", atol=None):
+    """|fused - ref64| <= 2 * |torch_same_dtype - ref64| + atol, elementwise: fusednorm may
+    be at most about twice as wrong as PyTorch itself at the same dtype."""
+    atol = ATOL[dtype] if atol is None else atol
+    assert fused.shape == ref64.shape, f"{what}: shape {fused.shape} != {ref64.shape}"
+    fused_err = (fused.double() - ref64.double()).abs()
+    torch_err = (torch_same_dtype.double() - ref64.double()).abs()
+    bound = 2 * torch_err + atol * (1 + ref64.double().abs())
+    bad = fused_err > bound
+    if bad.any():
+        idx = bad.nonzero()[0].tolist()
+        raise AssertionError(
+            f"{what} ({dtype}): {int(bad.sum())} of {bad.numel()} elements beyond the bound; "
+            f"first at {idx}: fused err {fused_err[tuple(idx)].item():.3e}, torch err "
+            f"{torch_err[tuple(idx)].item():.3e}, max fused err {fused_err.max().item():.3e}"
+        )
+
+
+def random_input(shape, dtype, device, scale=3.0, shift=1.0, seed=0):
+    """Random data away from zero mean and unit scale, so that a kernel that skipped the
+    centring or the scaling would fail."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift).to(
+        device=device, dtype=dtype
+    )
