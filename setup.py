@@ -121,7 +121,9 @@ def make_extension():
     debug = os.environ.get("FUSEDNORM_DEBUG", "0") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3"]
     capability = _cpu_capability()
-    cxx = opt + ["-fvisibility=hidden"] + _cpu_flags(capability)
+    # No implicit FMA contraction: the kernels place their fused multiply-adds explicitly,
+    # and contraction elsewhere breaks exact cancellations (dx of a one-element row is 0).
+    cxx = opt + ["-fvisibility=hidden", "-ffp-contract=off"] + _cpu_flags(capability)
     sources = ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc")]
     macros = [("Py_LIMITED_API", "0x030A0000")]

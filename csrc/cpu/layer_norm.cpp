@@ -33,11 +33,14 @@ inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& in
   m2 = at::vec::fmadd(delta, x - mean, m2);
 }
 
-// Mean and M2 of one row in a single pass. Four independent accumulator registers hide
-// the latency of the dependent Welford chain; their lanes, which all hold the same count,
-// are merged with Chan's formula, then the scalar tail is merged in.
+// Mean and M2 of one row in a single pass, over x - shift: with shift = x[0], the values
+// Welford accumulates are small even when the row sits far from zero (1e4 + noise), so the
+// running mean does not lose the noise to rounding (its mean is shift + the result's).
+// Four independent accumulator registers hide the latency of the dependent Welford chain;
+// their lanes, which all hold the same count, are merged with Chan's formula, then the
+// scalar tail is merged in.
 template <typename T, typename acc_t>
-WelfordState<acc_t> row_statistics(const T* x, int64_t N) {
+WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t kStep = 2 * IO::kWidth;
@@ -46,6 +49,7 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N) {
 
   Vec mean[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
   Vec m2[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+  const Vec vshift(shift);
   const int64_t vec_end = N - N % kStep;
   acc_t count = 0;
   for (int64_t i = 0; i < vec_end; i += kStep) {
@@ -54,7 +58,7 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N) {
     Vec v[kRegs];
     IO::load(x + i, v[0], v[1]);
     IO::load(x + i + IO::kWidth, v[2], v[3]);
-    for (int r = 0; r < kRegs; ++r) welford_step(v[r], inv_count, mean[r], m2[r]);
+    for (int r = 0; r < kRegs; ++r) welford_step(v[r] - vshift, inv_count, mean[r], m2[r]);
   }
 
   WelfordState<acc_t> total;
@@ -79,7 +83,7 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N) {
     total.count = count * kLanes;
   }
   WelfordState<acc_t> tail;
-  for (int64_t i = vec_end; i < N; ++i) tail.update(static_cast<acc_t>(x[i]));
+  for (int64_t i = vec_end; i < N; ++i) tail.update(static_cast<acc_t>(x[i]) - shift);
   total.merge(tail);
   return total;
 }
@@ -95,19 +99,22 @@ void layer_norm_fwd_rows(const T* x, const P* weight, const P* bias, T* y, acc_t
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = x + row * N;
       T* yr = y + row * N;
-      const WelfordState<acc_t> stats = row_statistics<T, acc_t>(xr, N);
+      const acc_t shift = N > 0 ? static_cast<acc_t>(xr[0]) : acc_t(0);
+      const WelfordState<acc_t> stats = row_statistics<T, acc_t>(xr, N, shift);
       const acc_t rstd = acc_t(1) / std::sqrt(stats.variance() + eps);
-      mean_out[row] = stats.mean;
+      mean_out[row] = shift + stats.mean;
       rstd_out[row] = rstd;
 
-      // The row was just read: this second sweep is served from cache.
-      const Vec vmean(stats.mean), vrstd(rstd);
+      // The row was just read: this second sweep is served from cache. x - shift is exact
+      // for the values near shift where it matters, so y keeps the precision of the
+      // shifted statistics.
+      const Vec vshift(shift), vmean(stats.mean), vrstd(rstd);
       const int64_t vec_end = N - N % IO::kWidth;
       for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
         Vec lo, hi;
         IO::load(xr + i, lo, hi);
-        lo = (lo - vmean) * vrstd;
-        hi = (hi - vmean) * vrstd;
+        lo = (lo - vshift - vmean) * vrstd;
+        hi = (hi - vshift - vmean) * vrstd;
         if constexpr (kWeight) {
           Vec wlo, whi;
           ParamIO::load(weight + i, wlo, whi);
@@ -123,7 +130,7 @@ void layer_norm_fwd_rows(const T* x, const P* weight, const P* bias, T* y, acc_t
         IO::store(yr + i, lo, hi);
       }
       for (int64_t i = vec_end; i < N; ++i) {
-        acc_t v = (static_cast<acc_t>(xr[i]) - stats.mean) * rstd;
+        acc_t v = (static_cast<acc_t>(xr[i]) - shift - stats.mean) * rstd;
         if constexpr (kWeight) v *= static_cast<acc_t>(weight[i]);
         if constexpr (kBias) v += static_cast<acc_t>(bias[i]);
         yr[i] = static_cast<T>(v);

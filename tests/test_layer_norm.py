@@ -1,0 +1,223 @@
+"""LayerNorm: accuracy against the float64 reference, gradients, and the module API, on every
+device in conftest.DEVICES."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusednorm
+from fusednorm import reference
+from conftest import ATOL, DEVICES, DTYPES, assert_close_three_way, random_input
+
+SIZES = [1, 7, 768, 1023, 4096, 65537]
+# affine: weight and bias; weight_only: bias=None; none: neither.
+AFFINE = ["affine", "weight_only", "none"]
+
+
+def make_params(normalized_shape, affine, dtype, device, seed=1):
+    if affine == "none":
+        return None, None
+    weight = random_input(normalized_shape, dtype, device, scale=1.0, shift=1.0, seed=seed)
+    bias = None
+    if affine == "affine":
+        bias = random_input(normalized_shape, dtype, device, scale=1.0, shift=0.5, seed=seed + 1)
+    return weight, bias
+
+
+def check_forward_backward(x, normalized_shape, weight, bias, eps=1e-5, grad_seed=7):
+    """Output and all gradients within the three-way bound of the float64 reference."""
+    dtype = x.dtype
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, weight, bias)]
+    ref_leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, weight, bias)]
+    torch_leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, weight, bias)]
+
+    out = fusednorm.layer_norm(leaves[0], normalized_shape, leaves[1], leaves[2], eps)
+    ref = reference.layer_norm(ref_leaves[0], normalized_shape, ref_leaves[1], ref_leaves[2], eps)
+    expected = F.layer_norm(torch_leaves[0], normalized_shape, torch_leaves[1], torch_leaves[2], eps)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close_three_way(out, expected, ref, dtype)
+
+    grad = random_input(x.shape, dtype, x.device, scale=1.0, shift=0.0, seed=grad_seed)
+    out.backward(grad)
+    ref.backward(grad.double())
+    expected.backward(grad)
+    for name, mine, ref_leaf, theirs in zip(("input", "weight", "bias"), leaves, ref_leaves, torch_leaves):
+        if mine is None:
+            continue
+        assert mine.grad is not None, f"no gradient for {name}"
+        assert mine.grad.dtype == mine.dtype
+        # Parameter gradients sum over rows: scale the slack with the number of rows.
+        rows = x.numel() // max(1, mine.numel()) if name != "input" else 1
+        atol = None if name == "input" else ATOL[dtype] * max(1, rows) ** 0.5
+        assert_close_three_way(mine.grad, theirs.grad, ref_leaf.grad, dtype, what=f"grad {name}", atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", SIZES)
+@pytest.mark.parametrize("affine", AFFINE)
+def test_matches_reference(device, dtype, N, affine):
+    x = random_input((5, N), dtype, device)
+    weight, bias = make_params((N,), affine, dtype, device)
+    check_forward_backward(x, (N,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_million_element_row(device, dtype):
+    N = 1 << 20
+    x = random_input((2, N), dtype, device)
+    weight, bias = make_params((N,), "affine", dtype, device)
+    check_forward_backward(x, (N,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", AFFINE)
+def test_multi_dim_normalized_shape(device, dtype, affine):
+    x = random_input((2, 3, 3, 4), dtype, device)
+    weight, bias = make_params((3, 4), affine, dtype, device)
+    check_forward_backward(x, (3, 4), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_params_with_half_input(device, dtype):
+    x = random_input((6, 769), dtype, device)
+    weight, bias = make_params((769,), "affine", torch.float32, device)
+    check_forward_backward(x, (769,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "layout", ["transposed", "sliced_rows", "sliced_cols", "expanded", "offset_by_one"]
+)
+def test_strided_inputs(device, dtype, layout):
+    base = random_input((24, 66), dtype, device)
+    x = {
+        "transposed": lambda: base.t()[:, :24],  # [66, 24] with stride (1, 66)
+        "sliced_rows": lambda: base[::3],
+        "sliced_cols": lambda: base[:, 1:-1],
+        "expanded": lambda: base[:1].expand(5, 66),
+        "offset_by_one": lambda: base.reshape(-1)[1:1 + 23 * 66].view(23, 66),
+    }[layout]()
+    N = x.shape[-1]
+    weight, bias = make_params((N,), "affine", dtype, device)
+    check_forward_backward(x, (N,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", AFFINE)
+def test_empty_batch(device, dtype, affine):
+    weight, bias = make_params((33,), affine, dtype, device)
+    x = torch.empty(0, 4, 33, dtype=dtype, device=device, requires_grad=True)
+    leaves = [p.detach().requires_grad_() if p is not None else None for p in (weight, bias)]
+    out = fusednorm.layer_norm(x, (33,), *leaves)
+    assert out.shape == x.shape and out.dtype == dtype
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    for p in leaves:
+        if p is not None:
+            assert torch.equal(p.grad, torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_constant_rows_give_bias(device):
+    x = torch.full((3, 100), 2.5, device=device)
+    x[1] = -7.0
+    weight, bias = make_params((100,), "affine", torch.float32, device)
+    out = fusednorm.layer_norm(x, (100,), weight, bias)
+    torch.testing.assert_close(out, bias.expand(3, 100), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_values_stay_in_their_row(device, bad):
+    x = random_input((4, 257), torch.float32, device)
+    x[2, 100] = bad
+    out = fusednorm.layer_norm(x, (257,))
+    assert torch.isnan(out[2]).all(), "a NaN/inf row normalizes to NaN, as in PyTorch"
+    for row in (0, 1, 3):
+        assert torch.isfinite(out[row]).all()
+    torch.testing.assert_close(out[[0, 1, 3]], F.layer_norm(x[[0, 1, 3]], (257,)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_large_mean_small_variance(device):
+    """Welford keeps precision where sum/sum-of-squares would cancel catastrophically."""
+    x = (1e4 + random_input((8, 4096), torch.float64, device, scale=1e-2, shift=0.0)).float()
+    ref = reference.layer_norm(x, (4096,))
+    out = fusednorm.layer_norm(x, (4096,))
+    assert_close_three_way(out, F.layer_norm(x, (4096,)), ref, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 0.5])
+def test_eps(device, eps):
+    x = random_input((3, 50), torch.float64, device)
+    torch.testing.assert_close(
+        fusednorm.layer_norm(x, (50,), eps=eps), F.layer_norm(x, (50,), eps=eps)
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine", AFFINE)
+def test_gradcheck_and_gradgradcheck(device, affine):
+    x = random_input((3, 2, 11), torch.float64, device).requires_grad_()
+    weight, bias = make_params((2, 11), affine, torch.float64, device)
+    params = [p.requires_grad_() for p in (weight, bias) if p is not None]
+
+    def fn(x, *params):
+        w = params[0] if affine != "none" else None
+        b = params[1] if affine == "affine" else None
+        return fusednorm.layer_norm(x, (2, 11), w, b, 1e-5)
+
+    assert torch.autograd.gradcheck(fn, (x, *params))
+    assert torch.autograd.gradgradcheck(fn, (x, *params))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_statistics_saved_by_function(device):
+    x = random_input((4, 9), torch.float32, device)
+    out, mean, rstd = fusednorm.FusedLayerNormFunction.apply(x, (9,), None, None, 1e-5)
+    torch.testing.assert_close(mean, x.mean(-1))
+    torch.testing.assert_close(rstd, torch.rsqrt(x.var(-1, unbiased=False) + 1e-5))
+    assert mean.dtype == rstd.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_is_deterministic(device):
+    x = random_input((1000, 300), torch.float32, device).requires_grad_()
+    weight, bias = (p.requires_grad_() for p in make_params((300,), "affine", torch.float32, device))
+    grad = random_input((1000, 300), torch.float32, device, seed=3)
+    grads = []
+    for _ in range(2):
+        torch.autograd.backward(fusednorm.layer_norm(x, (300,), weight, bias), grad)
+        grads.append([t.grad.clone() for t in (x, weight, bias)])
+        for t in (x, weight, bias):
+            t.grad = None
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_deterministic_across_thread_counts(device, dtype):
+    if device != "cpu":
+        pytest.skip("thread count is a CPU notion")
+    x = random_input((257, 129), dtype, device).requires_grad_()
+    weight, bias = (p.requires_grad_() for p in make_params((129,), "affine", dtype, device))
+    results = []
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = fusednorm.layer_norm(x, (129,), weight, bias)
+            results.append(torch.autograd.grad(out.sum(), (x, weight, bias)))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
