@@ -54,11 +54,27 @@ if not AVAILABLE:
     )
 
 
+def _compiled_kernels() -> frozenset[tuple[str, str]]:
+    """(op name, device type) for every fusednorm op kernel in the loaded library."""
+    if not AVAILABLE:
+        return frozenset()
+    ops = [
+        name.split("::", 1)[1]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("fusednorm::")
+    ]
+    return frozenset(
+        (op, device)
+        for op in ops
+        for device, key in (("cpu", "CPU"), ("cuda", "CUDA"))
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"fusednorm::{op}", key)
+    )
+
+
+# Computed once: a set lookup is also what torch.compile can trace without a graph break.
+KERNELS = _compiled_kernels()
+
+
 def has_kernel(op: str, device_type: str) -> bool:
     """Whether torch.ops.fusednorm.<op> has a compiled kernel for this device type."""
-    if not AVAILABLE:
-        return False
-    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"fusednorm::{op}", key
-    )
+    return (op, device_type) in KERNELS

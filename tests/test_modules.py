@@ -1,0 +1,110 @@
+"""FusedLayerNorm as a drop-in for nn.LayerNorm, and replace_layernorm()."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import fusednorm
+from conftest import DEVICES, random_input
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kwargs", [{}, {"elementwise_affine": False}, {"bias": False}, {"eps": 1e-3}])
+def test_module_matches_nn_layernorm(device, kwargs):
+    torch.manual_seed(0)
+    ours = fusednorm.FusedLayerNorm((4, 6), device=device, **kwargs)
+    theirs = nn.LayerNorm((4, 6), device=device, **kwargs)
+    for p in ours.parameters():
+        nn.init.normal_(p)
+    theirs.load_state_dict(ours.state_dict())
+    assert isinstance(ours, nn.LayerNorm)
+    assert repr(ours).endswith(repr(theirs)[len("LayerNorm"):])
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = random_input((3, 4, 6), torch.float32, device).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    out, ref = ours(x), theirs(x2)
+    torch.testing.assert_close(out, ref)
+    out.pow(2).sum().backward()
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_module_dtype_and_reset_parameters():
+    m = fusednorm.FusedLayerNorm(8, dtype=torch.bfloat16)
+    assert m.weight.dtype == torch.bfloat16
+    nn.init.normal_(m.weight)
+    m.reset_parameters()
+    assert torch.equal(m.weight, torch.ones(8, dtype=torch.bfloat16))
+    assert torch.equal(m.bias, torch.zeros(8, dtype=torch.bfloat16))
+
+
+def test_state_dict_round_trip_with_nn_layernorm():
+    torch.manual_seed(0)
+    plain = nn.LayerNorm(10)
+    nn.init.normal_(plain.weight)
+    nn.init.normal_(plain.bias)
+    fused = fusednorm.FusedLayerNorm(10)
+    fused.load_state_dict(plain.state_dict())
+    back = nn.LayerNorm(10)
+    back.load_state_dict(fused.state_dict())
+    for name, value in plain.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value)
+
+
+def _encoder():
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                       batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, norm=nn.LayerNorm(32), enable_nested_tensor=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replace_layernorm_on_transformer_encoder(device):
+    torch.manual_seed(0)
+    model = _encoder().to(device)
+    for m in model.modules():
+        if isinstance(m, nn.LayerNorm):
+            nn.init.normal_(m.weight)
+            nn.init.normal_(m.bias)
+    original = copy.deepcopy(model)
+    params_before = {name: p for name, p in model.named_parameters()}
+    assert fusednorm.replace_layernorm(model) is model
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 5 and all(type(m) is fusednorm.FusedLayerNorm for m in norms)
+    # The very same Parameter objects: an optimizer built before the swap stays valid.
+    for name, p in model.named_parameters():
+        assert p is params_before[name]
+
+    x = random_input((3, 7, 32), torch.float32, device)
+    out, ref = model(x), original(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.square().mean().backward()
+    ref.square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), original.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_replace_layernorm_keeps_mode_dtype_and_subclasses():
+    class CustomNorm(nn.LayerNorm):
+        pass
+
+    model = nn.Sequential(nn.LayerNorm(4, dtype=torch.float64), CustomNorm(4)).eval()
+    fusednorm.replace_layernorm(model)
+    assert type(model[0]) is fusednorm.FusedLayerNorm and not model[0].training
+    assert model[0].weight.dtype == torch.float64
+    assert type(model[1]) is CustomNorm
+    root = fusednorm.replace_layernorm(nn.LayerNorm(3))
+    assert type(root) is fusednorm.FusedLayerNorm
+    with pytest.raises(TypeError, match="model"):
+        fusednorm.replace_layernorm("not a model")
+
+
+def test_build_info():
+    info = fusednorm.build_info()
+    assert info["compiled"] and info["cpu_kernels"]
+    assert info["torch"] == torch.__version__
+    assert info["cpu_capability"] in ("default", "avx2", "avx512")
