@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <utility>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -23,6 +24,12 @@ using at::vec::Vectorized;
 
 // Rows per parallel task: enough elements that a task outweighs its scheduling cost.
 int64_t row_grain(int64_t N) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1)); }
+
+// Streaming stores pay off only for outputs that would not stay in cache anyway.
+bool use_streaming_stores(int64_t output_bytes) {
+  constexpr int64_t kLargerThanCaches = int64_t(8) << 20;
+  return output_bytes >= kLargerThanCaches;
+}
 
 // One Welford step on a register of lanes that have all seen `count` values.
 template <typename acc_t>
@@ -95,6 +102,7 @@ void layer_norm_fwd_rows(const T* x, const P* weight, const P* bias, T* y, acc_t
   using ParamIO = VecIO<P, acc_t>;
   using Vec = Vectorized<acc_t>;
   static_assert(ParamIO::kWidth == IO::kWidth);
+  const bool stream = use_streaming_stores(M * N * sizeof(T));
   at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = x + row * N;
@@ -110,6 +118,7 @@ void layer_norm_fwd_rows(const T* x, const P* weight, const P* bias, T* y, acc_t
       // shifted statistics.
       const Vec vshift(shift), vmean(stats.mean), vrstd(rstd);
       const int64_t vec_end = N - N % IO::kWidth;
+      const bool stream_row = stream && is_stream_aligned(yr);
       for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
         Vec lo, hi;
         IO::load(xr + i, lo, hi);
@@ -127,7 +136,11 @@ void layer_norm_fwd_rows(const T* x, const P* weight, const P* bias, T* y, acc_t
           lo = lo + blo;
           hi = hi + bhi;
         }
-        IO::store(yr + i, lo, hi);
+        if (stream_row) {
+          IO::store_streaming(yr + i, lo, hi);
+        } else {
+          IO::store(yr + i, lo, hi);
+        }
       }
       for (int64_t i = vec_end; i < N; ++i) {
         acc_t v = (static_cast<acc_t>(xr[i]) - shift - stats.mean) * rstd;
@@ -136,25 +149,22 @@ void layer_norm_fwd_rows(const T* x, const P* weight, const P* bias, T* y, acc_t
         yr[i] = static_cast<T>(v);
       }
     }
+    if (stream) streaming_fence();
   });
 }
 
-// dx of one row, and (kParamGrads) the row's dy*xhat and dy added to the block partials:
-//   xhat = (x - mean) * rstd,  g = dy * weight
-//   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))
-// Two sweeps: the sums, then dx; the second is served from cache.
-template <typename T, typename P, typename acc_t, bool kWeight, bool kParamGrads>
-void layer_norm_bwd_row(const T* dy, const T* x, acc_t mean, acc_t rstd, const P* weight,
-                        T* dx, acc_t* dweight_part, acc_t* dbias_part, int64_t N) {
+// Per-row sums of the backward: mean(g) and mean(g * xhat), with
+//   xhat = (x - mean) * rstd,  g = dy * weight.
+template <typename T, typename P, typename acc_t, bool kWeight>
+std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_t rstd,
+                                       const P* weight, int64_t N) {
   using IO = VecIO<T, acc_t>;
   using ParamIO = VecIO<P, acc_t>;
-  using AccIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
-  static_assert(ParamIO::kWidth == W && AccIO::kWidth == W);
+  static_assert(ParamIO::kWidth == W);
   const int64_t vec_end = N - N % W;
   const Vec vmean(mean), vrstd(rstd);
-
   Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
   for (int64_t i = 0; i < vec_end; i += W) {
     Vec dlo, dhi, xlo, xhi;
@@ -179,42 +189,71 @@ void layer_norm_bwd_row(const T* dy, const T* x, acc_t mean, acc_t rstd, const P
     sum_g += g;
     sum_gx += g * (static_cast<acc_t>(x[i]) - mean) * rstd;
   }
-  const acc_t mean_g = sum_g / N, mean_gx = sum_gx / N;
+  return {sum_g / N, sum_gx / N};
+}
 
-  const Vec vmean_g(mean_g), vmean_gx(mean_gx);
+// Rows processed together in the second sweep, so that the dweight/dbias partials are
+// read and written once per tile instead of once per row.
+constexpr int64_t kRowTile = 4;
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) for `rows` (<= kRowTile) consecutive
+// rows, and (kParamGrads) their dy * xhat and dy added to the partials. The rows were just
+// read by row_grad_means: this sweep is served from cache.
+template <typename T, typename P, typename acc_t, bool kWeight, bool kParamGrads>
+void layer_norm_bwd_tile(const T* dy, const T* x, const acc_t* mean, const acc_t* rstd,
+                         const P* weight, T* dx, acc_t* dweight_part, acc_t* dbias_part,
+                         int64_t rows, int64_t N) {
+  using IO = VecIO<T, acc_t>;
+  using ParamIO = VecIO<P, acc_t>;
+  using AccIO = VecIO<acc_t, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t W = IO::kWidth;
+  static_assert(AccIO::kWidth == W);
+  acc_t mean_g[kRowTile], mean_gx[kRowTile];
+  for (int64_t r = 0; r < rows; ++r) {
+    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, P, acc_t, kWeight>(
+        dy + r * N, x + r * N, mean[r], rstd[r], weight, N);
+  }
+  const int64_t vec_end = N - N % W;
   for (int64_t i = 0; i < vec_end; i += W) {
-    Vec dlo, dhi, xlo, xhi;
-    IO::load(dy + i, dlo, dhi);
-    IO::load(x + i, xlo, xhi);
-    xlo = (xlo - vmean) * vrstd;
-    xhi = (xhi - vmean) * vrstd;
-    Vec glo = dlo, ghi = dhi;
-    if constexpr (kWeight) {
-      Vec wlo, whi;
-      ParamIO::load(weight + i, wlo, whi);
-      glo = glo * wlo;
-      ghi = ghi * whi;
-    }
-    IO::store(dx + i, vrstd * (glo - vmean_g - xlo * vmean_gx),
-              vrstd * (ghi - vmean_g - xhi * vmean_gx));
+    Vec wlo(1), whi(1), pw_lo(0), pw_hi(0), pb_lo(0), pb_hi(0);
+    if constexpr (kWeight) ParamIO::load(weight + i, wlo, whi);
     if constexpr (kParamGrads) {
-      Vec pw_lo, pw_hi, pb_lo, pb_hi;
       AccIO::load(dweight_part + i, pw_lo, pw_hi);
       AccIO::load(dbias_part + i, pb_lo, pb_hi);
-      AccIO::store(dweight_part + i, at::vec::fmadd(dlo, xlo, pw_lo),
-                   at::vec::fmadd(dhi, xhi, pw_hi));
-      AccIO::store(dbias_part + i, pb_lo + dlo, pb_hi + dhi);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const Vec vmean(mean[r]), vrstd(rstd[r]), vmean_g(mean_g[r]), vmean_gx(mean_gx[r]);
+      Vec dlo, dhi, xlo, xhi;
+      IO::load(dy + r * N + i, dlo, dhi);
+      IO::load(x + r * N + i, xlo, xhi);
+      xlo = (xlo - vmean) * vrstd;
+      xhi = (xhi - vmean) * vrstd;
+      const Vec glo = kWeight ? dlo * wlo : dlo, ghi = kWeight ? dhi * whi : dhi;
+      IO::store(dx + r * N + i, vrstd * (glo - vmean_g - xlo * vmean_gx),
+                vrstd * (ghi - vmean_g - xhi * vmean_gx));
+      if constexpr (kParamGrads) {
+        pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
+        pw_hi = at::vec::fmadd(dhi, xhi, pw_hi);
+        pb_lo = pb_lo + dlo;
+        pb_hi = pb_hi + dhi;
+      }
+    }
+    if constexpr (kParamGrads) {
+      AccIO::store(dweight_part + i, pw_lo, pw_hi);
+      AccIO::store(dbias_part + i, pb_lo, pb_hi);
     }
   }
   for (int64_t i = vec_end; i < N; ++i) {
-    const acc_t d = static_cast<acc_t>(dy[i]);
-    const acc_t xhat = (static_cast<acc_t>(x[i]) - mean) * rstd;
-    acc_t g = d;
-    if constexpr (kWeight) g *= static_cast<acc_t>(weight[i]);
-    dx[i] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
-    if constexpr (kParamGrads) {
-      dweight_part[i] += d * xhat;
-      dbias_part[i] += d;
+    const acc_t w = kWeight ? static_cast<acc_t>(weight[i]) : acc_t(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const acc_t d = static_cast<acc_t>(dy[r * N + i]);
+      const acc_t xhat = (static_cast<acc_t>(x[r * N + i]) - mean[r]) * rstd[r];
+      dx[r * N + i] = static_cast<T>(rstd[r] * (d * w - mean_g[r] - xhat * mean_gx[r]));
+      if constexpr (kParamGrads) {
+        dweight_part[i] += d * xhat;
+        dbias_part[i] += d;
+      }
     }
   }
 }
@@ -240,17 +279,26 @@ void reduce_partials(const acc_t* partial, int64_t blocks, int64_t N, P* out) {
   });
 }
 
+// Rows [begin, end) in tiles of kRowTile.
+template <typename T, typename P, typename acc_t, bool kWeight, bool kParamGrads>
+void layer_norm_bwd_row_range(const T* dy, const T* x, const acc_t* mean, const acc_t* rstd,
+                              const P* weight, T* dx, acc_t* pw, acc_t* pb, int64_t begin,
+                              int64_t end, int64_t N) {
+  for (int64_t r = begin; r < end; r += kRowTile) {
+    layer_norm_bwd_tile<T, P, acc_t, kWeight, kParamGrads>(
+        dy + r * N, x + r * N, mean + r, rstd + r, weight, dx + r * N, pw, pb,
+        std::min(kRowTile, end - r), N);
+  }
+}
+
 template <typename T, typename P, typename acc_t, bool kWeight, bool kParamGrads>
 void layer_norm_bwd_rows(const T* dy, const T* x, const acc_t* mean, const acc_t* rstd,
                          const P* weight, T* dx, acc_t* partial_w, acc_t* partial_b,
                          int64_t M, int64_t N, int64_t blocks) {
   if constexpr (!kParamGrads) {
     at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        layer_norm_bwd_row<T, P, acc_t, kWeight, false>(dy + r * N, x + r * N, mean[r],
-                                                        rstd[r], weight, dx + r * N,
-                                                        nullptr, nullptr, N);
-      }
+      layer_norm_bwd_row_range<T, P, acc_t, kWeight, false>(dy, x, mean, rstd, weight, dx,
+                                                            nullptr, nullptr, begin, end, N);
     });
     return;
   }
@@ -261,12 +309,10 @@ void layer_norm_bwd_rows(const T* dy, const T* x, const acc_t* mean, const acc_t
       acc_t* pb = partial_b + b * N;
       std::fill(pw, pw + N, acc_t(0));
       std::fill(pb, pb + N, acc_t(0));
-      const int64_t row_end = std::min(M, (b + 1) * rows_per_block);
-      for (int64_t r = b * rows_per_block; r < row_end; ++r) {
-        layer_norm_bwd_row<T, P, acc_t, kWeight, true>(dy + r * N, x + r * N, mean[r],
-                                                       rstd[r], weight, dx + r * N, pw, pb,
-                                                       N);
-      }
+      const int64_t row_begin = std::min(M, b * rows_per_block);
+      const int64_t row_end = std::min(M, row_begin + rows_per_block);
+      layer_norm_bwd_row_range<T, P, acc_t, kWeight, true>(dy, x, mean, rstd, weight, dx, pw,
+                                                           pb, row_begin, row_end, N);
     }
   });
 }

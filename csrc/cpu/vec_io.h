@@ -8,12 +8,47 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
 
 namespace fusednorm::cpu {
 
 template <typename T>
 using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// Streaming (non-temporal) stores write a result that will not be read back soon straight
+// to memory, without first fetching the destination line into cache: a third less memory
+// traffic for a kernel that reads x once and writes y once. The address must be aligned to
+// the vector size (is_stream_aligned); callers end a run of them with streaming_fence().
+constexpr int64_t kStreamAlign = sizeof(at::vec::Vectorized<float>);
+
+inline bool is_stream_aligned(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % kStreamAlign == 0;
+}
+
+template <typename V>
+inline void stream_bytes(void* p, const V& v) {
+  static_assert(sizeof(V) == kStreamAlign);
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm512_stream_si512(reinterpret_cast<__m512i*>(p), reinterpret_cast<const __m512i&>(v));
+#elif defined(CPU_CAPABILITY_AVX2)
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<const __m256i&>(v));
+#else
+  std::memcpy(p, &v, sizeof(V));
+#endif
+}
+
+// Orders this thread's streaming stores before what follows (e.g. the end of a task).
+inline void streaming_fence() {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  _mm_sfence();
+#endif
+}
 
 // Primary template: a reduced-precision T (Half, BFloat16) widened to float.
 template <typename T, typename acc_t>
@@ -28,6 +63,9 @@ struct VecIO {
   }
   static inline void store(T* p, const Vec& lo, const Vec& hi) {
     at::vec::convert_from_float<T>(lo, hi).store(p);
+  }
+  static inline void store_streaming(T* p, const Vec& lo, const Vec& hi) {
+    stream_bytes(p, at::vec::convert_from_float<T>(lo, hi));
   }
 };
 
@@ -44,6 +82,10 @@ struct VecIO<acc_t, acc_t> {
   static inline void store(acc_t* p, const Vec& lo, const Vec& hi) {
     lo.store(p);
     hi.store(p + Vec::size());
+  }
+  static inline void store_streaming(acc_t* p, const Vec& lo, const Vec& hi) {
+    stream_bytes(p, lo);
+    stream_bytes(p + Vec::size(), hi);
   }
 };
 
