@@ -35,9 +35,11 @@ if _loader.AVAILABLE:
         return torch.empty_like(input), grad_weight, grad_bias
 
 
-def _as_rows(t: torch.Tensor, cols: int) -> torch.Tensor:
-    """[M, N] row-major view of t (a copy only when t's layout is not already that)."""
-    return t.reshape(-1, cols).contiguous()
+def _as_rows(t: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
+    """t as [M, N] rows (N = prod(normalized_shape)), row-major: a copy only when t's
+    layout is not already that."""
+    rows = math.prod(t.shape[: t.dim() - len(normalized_shape)])
+    return t.reshape(rows, math.prod(normalized_shape)).contiguous()
 
 
 def _flat(param: torch.Tensor | None) -> torch.Tensor | None:
@@ -50,9 +52,8 @@ class _LayerNormBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(grad_out, input, weight, bias, mean, rstd, normalized_shape, eps):
-        cols = math.prod(normalized_shape)
         grad_input, grad_weight, grad_bias = _ops.layer_norm_bwd(
-            _as_rows(grad_out, cols), _as_rows(input, cols), mean, rstd,
+            _as_rows(grad_out, normalized_shape), _as_rows(input, normalized_shape), mean, rstd,
             _flat(weight), _flat(bias),
         )
         grad_weight = grad_weight.view(normalized_shape) if weight is not None else None
@@ -102,9 +103,8 @@ class FusedLayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(input, normalized_shape, weight, bias, eps):
-        cols = math.prod(normalized_shape)
         out, mean, rstd = _ops.layer_norm_fwd(
-            _as_rows(input, cols), _flat(weight), _flat(bias), eps
+            _as_rows(input, normalized_shape), _flat(weight), _flat(bias), eps
         )
         return out.view(input.shape), mean, rstd
 

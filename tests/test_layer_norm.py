@@ -221,3 +221,13 @@ def test_backward_deterministic_across_thread_counts(device, dtype):
         torch.set_num_threads(old)
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_width_rows(device):
+    x = torch.randn(3, 2, 0, device=device, requires_grad=True)
+    weight = torch.ones(2, 0, device=device, requires_grad=True)
+    out = fusednorm.layer_norm(x, (2, 0), weight)
+    assert out.shape == x.shape
+    out.sum().backward()
+    assert x.grad.shape == x.shape and weight.grad.shape == weight.shape

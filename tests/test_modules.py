@@ -108,3 +108,10 @@ def test_build_info():
     assert info["compiled"] and info["cpu_kernels"]
     assert info["torch"] == torch.__version__
     assert info["cpu_capability"] in ("default", "avx2", "avx512")
+
+
+def test_device_without_kernel_falls_back_to_reference_with_a_warning():
+    x = torch.randn(3, 5, device="meta")
+    with pytest.warns(RuntimeWarning, match="reference"):
+        out = fusednorm.layer_norm(x, (5,), torch.ones(5, device="meta"))
+    assert out.shape == x.shape and out.device.type == "meta"
