@@ -43,4 +43,26 @@ TORCH_LIBRARY(fusednorm, m) {
       "layer_norm_bwd(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd,"
       " Tensor? weight, Tensor? bias) -> (Tensor grad_input, Tensor grad_weight,"
       " Tensor grad_bias)");
+  // The LayerNorm output (input - mean) * rstd * weight + bias from the statistics that
+  // layer_norm_fwd returned: a block that does not save its LayerNorm output recomputes
+  // it with this in the backward.
+  m.def(
+      "layer_norm_apply(Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
+      " Tensor? bias) -> Tensor");
+
+  // GELU feed-forward block out = gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over
+  // a contiguous [M, K] input; weight1 [H, K], weight2 [N, H], biases [H] / [N], all of the
+  // input's dtype. approximate is 'none' (erf) or 'tanh', as torch.nn.GELU. hidden_pre =
+  // input @ weight1.T + bias1 ([M, H]) is all the backward needs besides the input.
+  m.def(
+      "gelu_ffn_fwd(Tensor input, Tensor weight1, Tensor? bias1, Tensor weight2,"
+      " Tensor? bias2, str approximate) -> (Tensor out, Tensor hidden_pre)");
+  // Recomputes gelu(hidden_pre) where it needs it. grad_bias1 / grad_bias2 are [H] / [N],
+  // or empty ([0]) when has_bias1 / has_bias2 is false; their reduction over rows is
+  // deterministic.
+  m.def(
+      "gelu_ffn_bwd(Tensor grad_out, Tensor input, Tensor hidden_pre, Tensor weight1,"
+      " Tensor weight2, bool has_bias1, bool has_bias2, str approximate) -> (Tensor"
+      " grad_input, Tensor grad_weight1, Tensor grad_bias1, Tensor grad_weight2,"
+      " Tensor grad_bias2)");
 }

@@ -104,3 +104,141 @@ def layer_norm(
         _warn_fallback(input.device.type)
         return reference.layer_norm(input, shape, weight, bias, eps, upcast=False)
     return ops.fused_layer_norm(input, shape, weight, bias, float(eps))
+
+
+_APPROXIMATE = ("none", "tanh")
+
+
+def _check_ffn_tensors(fn: str, input, tensors: dict) -> None:
+    """input is a floating tensor; each of `tensors` (name -> tensor or None) is None or a
+    tensor on input's device with input's dtype."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
+    if input.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}"
+        )
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a Tensor, got {type(t).__name__}")
+        if t.device != input.device:
+            raise RuntimeError(f"{fn}: {name} is on {t.device} but input is on {input.device}")
+        if t.dtype != input.dtype:
+            raise TypeError(
+                f"{fn}: {name} must have the input's dtype ({input.dtype}), got {t.dtype}"
+            )
+
+
+def _check_gelu_ffn_args(fn: str, input, weight1, bias1, weight2, bias2, approximate) -> None:
+    if not isinstance(approximate, str) or approximate not in _APPROXIMATE:
+        raise ValueError(f"{fn}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if weight1 is None or weight2 is None:
+        raise TypeError(f"{fn}: weight1 and weight2 must be Tensors, got None")
+    _check_ffn_tensors(
+        fn, input,
+        {"weight1": weight1, "bias1": bias1, "weight2": weight2, "bias2": bias2},
+    )
+    if input.dim() < 1:
+        raise ValueError(f"{fn}: input must have at least one dim (the features), got a scalar")
+    in_features = input.shape[-1]
+    if weight1.dim() != 2 or weight1.shape[1] != in_features:
+        raise ValueError(
+            f"{fn}: weight1 must have shape [hidden, {in_features}] to match input of shape "
+            f"{list(input.shape)}, got {list(weight1.shape)}"
+        )
+    hidden = weight1.shape[0]
+    if weight2.dim() != 2 or weight2.shape[1] != hidden:
+        raise ValueError(
+            f"{fn}: weight2 must have shape [out_features, {hidden}] to match weight1 of shape "
+            f"{list(weight1.shape)}, got {list(weight2.shape)}"
+        )
+    for name, bias, size in (("bias1", bias1, hidden), ("bias2", bias2, weight2.shape[0])):
+        if bias is not None and tuple(bias.shape) != (size,):
+            raise ValueError(f"{fn}: {name} must have shape [{size}], got {list(bias.shape)}")
+
+
+def _autocast_linear_dtype(device_type: str, tensors: list) -> list:
+    """Under autocast, torch.nn.functional.linear runs in the autocast dtype (float16 or
+    bfloat16) whatever its inputs' dtypes; the FFN does the same."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+
+
+def gelu_ffn(
+    input: torch.Tensor,
+    weight1: torch.Tensor,
+    bias1: torch.Tensor | None,
+    weight2: torch.Tensor,
+    bias2: torch.Tensor | None,
+    approximate: str = "none",
+) -> torch.Tensor:
+    """linear(gelu(linear(input, weight1, bias1), approximate=approximate), weight2, bias2):
+    the result of nn.Sequential(nn.Linear, nn.GELU(approximate), nn.Linear) over the last
+    dim of input, computed by fusednorm's fused kernels.
+
+    weight1 is [hidden, in_features], weight2 [out_features, hidden] (nn.Linear layout);
+    biases may be None. All tensors share input's dtype and device (under autocast they are
+    cast to the autocast dtype, as nn.Linear's are). approximate is 'none' (exact, erf) or
+    'tanh'. The backward keeps one [tokens, hidden] activation instead of eager's two.
+    """
+    fn = "fusednorm.gelu_ffn"
+    _check_ffn_tensors(fn, input, {})
+    if isinstance(input, torch.Tensor):
+        input, weight1, bias1, weight2, bias2 = _autocast_linear_dtype(
+            input.device.type, [input, weight1, bias1, weight2, bias2]
+        )
+    _check_gelu_ffn_args(fn, input, weight1, bias1, weight2, bias2, approximate)
+    if not _loader.has_kernel("gelu_ffn_fwd", input.device.type):
+        _warn_fallback(input.device.type)
+        return reference.gelu_ffn(input, weight1, bias1, weight2, bias2, approximate, upcast=False)
+    return ops.fused_gelu_ffn(input, weight1, bias1, weight2, bias2, approximate)
+
+
+def layer_norm_gelu_ffn(
+    input: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    eps: float,
+    weight1: torch.Tensor,
+    bias1: torch.Tensor | None,
+    weight2: torch.Tensor,
+    bias2: torch.Tensor | None,
+    approximate: str = "none",
+) -> torch.Tensor:
+    """input + gelu_ffn(layer_norm(input, [d], ln_weight, ln_bias, eps), weight1, bias1,
+    weight2, bias2, approximate): the pre-LN transformer feed-forward sub-block, whose
+    backward recomputes the LayerNorm output instead of keeping it. The LayerNorm weight and
+    bias may be float32 for a float16/bfloat16 input; the FFN's tensors have input's dtype.
+    Under autocast it runs as layer_norm then gelu_ffn, each with autocast's dtypes."""
+    fn = "fusednorm.layer_norm_gelu_ffn"
+    _check_ffn_tensors(fn, input, {})
+    if input.dim() < 1:
+        raise ValueError(f"{fn}: input must have at least one dim (the features), got a scalar")
+    d = input.shape[-1]
+    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps)
+    if torch.is_autocast_enabled(input.device.type):
+        normed = layer_norm(input, (d,), ln_weight, ln_bias, eps)
+        return input + gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
+    _check_gelu_ffn_args(fn, input, weight1, bias1, weight2, bias2, approximate)
+    if weight2.shape[0] != d:
+        raise ValueError(
+            f"{fn}: weight2 must have shape [{d}, {weight1.shape[0]}] for the residual "
+            f"connection to input of shape {list(input.shape)}, got {list(weight2.shape)}"
+        )
+    if not (
+        _loader.has_kernel("gelu_ffn_fwd", input.device.type)
+        and _loader.has_kernel("layer_norm_apply", input.device.type)
+        and _loader.has_kernel("layer_norm_fwd", input.device.type)
+    ):
+        _warn_fallback(input.device.type)
+        return reference.layer_norm_gelu_ffn(
+            input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate,
+            upcast=False,
+        )
+    return ops.fused_layer_norm_gelu_ffn(
+        input, ln_weight, ln_bias, float(eps), weight1, bias1, weight2, bias2, approximate
+    )

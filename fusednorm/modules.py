@@ -18,3 +18,82 @@ class FusedLayerNorm(nn.LayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+def _check_approximate(approximate: str) -> str:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
+class FusedGeluFFN(nn.Module):
+    """The transformer feed-forward block fc2(gelu(fc1(x))), computed by fusednorm's fused
+    kernels: the same result as nn.Sequential(fc1, nn.GELU(approximate), fc2), with half of
+    its saved activations (gelu's output is recomputed in the backward).
+
+    fc1 (d_model -> d_hidden, default 4 * d_model) and fc2 (d_hidden -> d_model) are plain
+    nn.Linear submodules, so initialisation code, parameter names (fc1.weight, fc1.bias,
+    fc2.weight, fc2.bias) and state dicts work as usual. bias=False drops both biases.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_hidden: int | None = None,
+        bias: bool = True,
+        approximate: str = "none",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        d_hidden = 4 * d_model if d_hidden is None else d_hidden
+        self.approximate = _check_approximate(approximate)
+        self.fc1 = nn.Linear(d_model, d_hidden, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(d_hidden, d_model, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return functional.gelu_ffn(
+            input, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
+            self.approximate,
+        )
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class FusedLayerNormGeluFFN(nn.Module):
+    """The pre-LN transformer feed-forward sub-block x + fc2(gelu(fc1(norm(x)))), with
+    norm a LayerNorm over the last dim (d_model). Its backward recomputes norm(x) from x and
+    the saved statistics instead of keeping it, and recomputes gelu's output as
+    FusedGeluFFN does: the only activations it saves are x's statistics and fc1's output.
+
+    Submodules norm (a FusedLayerNorm, i.e. an nn.LayerNorm, with weight and bias), fc1 and
+    fc2 (nn.Linear), so state dicts map from the usual modules by name. bias applies to fc1
+    and fc2, as in Transformer Engine's LayerNormMLP; the LayerNorm keeps its bias.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_hidden: int | None = None,
+        eps: float = 1e-5,
+        bias: bool = True,
+        approximate: str = "none",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        d_hidden = 4 * d_model if d_hidden is None else d_hidden
+        self.approximate = _check_approximate(approximate)
+        self.norm = FusedLayerNorm(d_model, eps=eps, device=device, dtype=dtype)
+        self.fc1 = nn.Linear(d_model, d_hidden, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(d_hidden, d_model, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return functional.layer_norm_gelu_ffn(
+            input, self.norm.weight, self.norm.bias, self.norm.eps, self.fc1.weight,
+            self.fc1.bias, self.fc2.weight, self.fc2.bias, self.approximate,
+        )
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"

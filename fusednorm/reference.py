@@ -73,3 +73,48 @@ def layer_norm_backward(
     dweight = (dy * xhat).sum(dim=batch_dims)
     dbias = dy.sum(dim=batch_dims)
     return dx.to(input.dtype), dweight, dbias
+
+
+def gelu_ffn(
+    input: torch.Tensor,
+    weight1: torch.Tensor,
+    bias1: torch.Tensor | None,
+    weight2: torch.Tensor,
+    bias2: torch.Tensor | None,
+    approximate: str = "none",
+    upcast: bool = True,
+) -> torch.Tensor:
+    """linear(gelu(linear(input, weight1, bias1), approximate), weight2, bias2), as
+    nn.Sequential(nn.Linear, nn.GELU(approximate), nn.Linear).
+
+    With upcast=True every tensor is converted to float64 and the result stays float64
+    (the accuracy reference); with upcast=False it runs in the input's dtype, as eager
+    PyTorch does.
+    """
+    if upcast:
+        input, weight1, weight2 = input.double(), weight1.double(), weight2.double()
+        bias1 = bias1.double() if bias1 is not None else None
+        bias2 = bias2.double() if bias2 is not None else None
+    hidden = torch.nn.functional.linear(input, weight1, bias1)
+    return torch.nn.functional.linear(
+        torch.nn.functional.gelu(hidden, approximate=approximate), weight2, bias2
+    )
+
+
+def layer_norm_gelu_ffn(
+    input: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    eps: float,
+    weight1: torch.Tensor,
+    bias1: torch.Tensor | None,
+    weight2: torch.Tensor,
+    bias2: torch.Tensor | None,
+    approximate: str = "none",
+    upcast: bool = True,
+) -> torch.Tensor:
+    """input + gelu_ffn(layer_norm(input)) over the last dim: the pre-LN transformer
+    feed-forward sub-block. upcast as in gelu_ffn (float64 throughout, or eager's dtypes)."""
+    normed = layer_norm(input, input.shape[-1], ln_weight, ln_bias, eps, upcast=upcast)
+    out = gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate, upcast=upcast)
+    return (input.double() if upcast else input) + out

@@ -1,0 +1,298 @@
+// GELU feed-forward block on the CPU. The GEMMs go through ATen (MKL / oneDNN); the
+// elementwise work is one fused pass each way (at::parallel_for over rows, at::vec along
+// them), in float (double for double inputs):
+//
+//   forward:  h = x @ W1^T;  one pass: h += b1 (in place), a = gelu(h);  y = a @ W2^T + b2
+//   backward: dg = dy @ W2;  one pass over h and dg: a = gelu(h), dh = dg * gelu'(h) (in
+//             place of dg), with the partial column sums of dh (db1) and dy (db2);
+//             dW2 = dy^T @ a,  dW1 = dh^T @ x,  dx = dh @ W1
+//
+// Only x and h are kept between the two: gelu(h) is recomputed in the backward's pass.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/dispatch.h"
+#include "common/gelu.h"
+#include "common/gelu_ffn_checks.h"
+#include "cpu/vec_io.h"
+
+namespace fusednorm::cpu {
+namespace {
+
+using at::vec::Vectorized;
+
+template <GeluKind kind, typename acc_t>
+inline Vectorized<acc_t> gelu_vec(const Vectorized<acc_t>& x) {
+  using C = GeluConstants<acc_t>;
+  using Vec = Vectorized<acc_t>;
+  const Vec half(acc_t(0.5)), one(acc_t(1));
+  if constexpr (kind == GeluKind::kExact) {
+    return x * half * (one + (x * Vec(C::kSqrt1_2)).erf());
+  } else {
+    const Vec inner = Vec(C::kSqrt2OverPi) * at::vec::fmadd(Vec(C::kCubic) * x * x, x, x);
+    return half * x * (one + inner.tanh());
+  }
+}
+
+// gelu(x) and gelu'(x) of a register, sharing erf / tanh (formulas in common/gelu.h).
+template <GeluKind kind, typename acc_t>
+inline void gelu_and_grad_vec(const Vectorized<acc_t>& x, Vectorized<acc_t>& value,
+                              Vectorized<acc_t>& grad) {
+  using C = GeluConstants<acc_t>;
+  using Vec = Vectorized<acc_t>;
+  const Vec half(acc_t(0.5)), one(acc_t(1));
+  if constexpr (kind == GeluKind::kExact) {
+    const Vec cdf = half * (one + (x * Vec(C::kSqrt1_2)).erf());
+    const Vec pdf = Vec(C::kInvSqrt2Pi) * (Vec(acc_t(-0.5)) * x * x).exp();
+    value = x * cdf;
+    grad = at::vec::fmadd(x, pdf, cdf);
+  } else {
+    const Vec x2 = x * x;
+    const Vec t = (Vec(C::kSqrt2OverPi) * at::vec::fmadd(Vec(C::kCubic) * x2, x, x)).tanh();
+    const Vec dinner = Vec(C::kSqrt2OverPi) * at::vec::fmadd(Vec(acc_t(3) * C::kCubic), x2, one);
+    const Vec half_1pt = half * (one + t);
+    value = x * half_1pt;
+    grad = at::vec::fmadd(half * x * (one - t * t), dinner, half_1pt);
+  }
+}
+
+// (lo, hi) rounded to T and widened back: the value a tensor of dtype T stores.
+template <typename T, typename acc_t>
+inline void round_through(Vectorized<acc_t>& lo, Vectorized<acc_t>& hi) {
+  if constexpr (!std::is_same_v<T, acc_t>) {
+    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(lo, hi));
+  }
+}
+
+// Rows per parallel task: enough elements that a task outweighs its scheduling cost.
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
+
+// Forward pass over the [M, H] pre-activation: h += bias (kBias, stored in T), then
+// a = gelu(h) of the stored value, so that the backward's recompute of gelu(h) from the
+// saved h is exact.
+template <typename T, GeluKind kind, bool kBias>
+void bias_gelu_rows(T* h, const T* bias, T* a, int64_t M, int64_t H) {
+  using acc_t = acc_type<T>;
+  using IO = VecIO<T, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  const int64_t vec_end = H - H % IO::kWidth;
+  at::parallel_for(0, M, row_grain(H), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      T* hr = h + row * H;
+      T* ar = a + row * H;
+      for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+        Vec lo, hi;
+        IO::load(hr + i, lo, hi);
+        if constexpr (kBias) {
+          Vec blo, bhi;
+          IO::load(bias + i, blo, bhi);
+          lo = lo + blo;
+          hi = hi + bhi;
+          round_through<T>(lo, hi);
+          IO::store(hr + i, lo, hi);
+        }
+        IO::store(ar + i, gelu_vec<kind>(lo), gelu_vec<kind>(hi));
+      }
+      for (int64_t i = vec_end; i < H; ++i) {
+        if constexpr (kBias) {
+          hr[i] = static_cast<T>(static_cast<acc_t>(hr[i]) + static_cast<acc_t>(bias[i]));
+        }
+        ar[i] = static_cast<T>(gelu<kind>(static_cast<acc_t>(hr[i])));
+      }
+    }
+  });
+}
+
+// Row blocks whose bias-gradient partials are summed at the end. The split depends on the
+// shape only, never on the thread count, so the gradients are bitwise reproducible.
+int64_t num_partial_blocks(int64_t M, int64_t cols) {
+  constexpr int64_t kMaxBlocks = 64;
+  constexpr int64_t kPartialBudget = int64_t(1) << 22;  // elements of all partials
+  const int64_t by_memory = std::max<int64_t>(1, kPartialBudget / std::max<int64_t>(cols, 1));
+  return std::max<int64_t>(1, std::min({M, kMaxBlocks, by_memory}));
+}
+
+// The backward's pass over one row: a = gelu(h), dh = dg * gelu'(h) (dg_dh holds dg and
+// receives dh), and the row's dh added to part1 (kBias1), in float before rounding.
+template <typename T, GeluKind kind, bool kBias1>
+void dgelu_row(const T* h, T* dg_dh, T* a, acc_type<T>* part1, int64_t H) {
+  using acc_t = acc_type<T>;
+  using IO = VecIO<T, acc_t>;
+  using AccIO = VecIO<acc_t, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  static_assert(AccIO::kWidth == IO::kWidth);
+  const int64_t vec_end = H - H % IO::kWidth;
+  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+    Vec hlo, hhi, glo, ghi, vlo, vhi, dlo, dhi;
+    IO::load(h + i, hlo, hhi);
+    IO::load(dg_dh + i, glo, ghi);
+    gelu_and_grad_vec<kind>(hlo, vlo, dlo);
+    gelu_and_grad_vec<kind>(hhi, vhi, dhi);
+    dlo = glo * dlo;
+    dhi = ghi * dhi;
+    IO::store(a + i, vlo, vhi);
+    IO::store(dg_dh + i, dlo, dhi);
+    if constexpr (kBias1) {
+      Vec plo, phi;
+      AccIO::load(part1 + i, plo, phi);
+      AccIO::store(part1 + i, plo + dlo, phi + dhi);
+    }
+  }
+  for (int64_t i = vec_end; i < H; ++i) {
+    const auto va = gelu_and_grad<kind>(static_cast<acc_t>(h[i]));
+    const acc_t d = static_cast<acc_t>(dg_dh[i]) * va.grad;
+    a[i] = static_cast<T>(va.value);
+    dg_dh[i] = static_cast<T>(d);
+    if constexpr (kBias1) part1[i] += d;
+  }
+}
+
+// part += row, elementwise over n values.
+template <typename T>
+void add_row(const T* row, acc_type<T>* part, int64_t n) {
+  using acc_t = acc_type<T>;
+  using IO = VecIO<T, acc_t>;
+  using AccIO = VecIO<acc_t, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  const int64_t vec_end = n - n % IO::kWidth;
+  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+    Vec lo, hi, plo, phi;
+    IO::load(row + i, lo, hi);
+    AccIO::load(part + i, plo, phi);
+    AccIO::store(part + i, plo + lo, phi + hi);
+  }
+  for (int64_t i = vec_end; i < n; ++i) part[i] += static_cast<acc_t>(row[i]);
+}
+
+// The backward's pass over all rows, in `blocks` row blocks; block b accumulates its
+// partial column sums of dh into part1[b] ([blocks, H]) and of dy into part2[b] ([blocks, N]).
+template <typename T, GeluKind kind, bool kBias1, bool kBias2>
+void dgelu_rows(const T* h, T* dg_dh, T* a, const T* dy, acc_type<T>* part1,
+                acc_type<T>* part2, int64_t M, int64_t H, int64_t N, int64_t blocks) {
+  using acc_t = acc_type<T>;
+  const int64_t rows_per_block = (M + blocks - 1) / blocks;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      acc_t* p1 = kBias1 ? part1 + b * H : nullptr;
+      acc_t* p2 = kBias2 ? part2 + b * N : nullptr;
+      if constexpr (kBias1) std::fill(p1, p1 + H, acc_t(0));
+      if constexpr (kBias2) std::fill(p2, p2 + N, acc_t(0));
+      const int64_t row_end = std::min(M, (b + 1) * rows_per_block);
+      for (int64_t r = b * rows_per_block; r < row_end; ++r) {
+        dgelu_row<T, kind, kBias1>(h + r * H, dg_dh + r * H, a + r * H, p1, H);
+        if constexpr (kBias2) add_row(dy + r * N, p2, N);
+      }
+    }
+  });
+}
+
+// out[j] = sum over blocks of partial[b, j], in block order.
+template <typename acc_t, typename T>
+void reduce_partials(const acc_t* partial, int64_t blocks, int64_t cols, T* out) {
+  at::parallel_for(0, cols, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      acc_t sum = 0;
+      for (int64_t b = 0; b < blocks; ++b) sum += partial[b * cols + j];
+      out[j] = static_cast<T>(sum);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const at::Tensor& weight1,
+                                                const std::optional<at::Tensor>& bias1,
+                                                const at::Tensor& weight2,
+                                                const std::optional<at::Tensor>& bias2,
+                                                c10::string_view approximate) {
+  check_gelu_ffn_fwd_args(input, weight1, bias1, weight2, bias2);
+  const GeluKind kind = parse_approximate(approximate);
+  const int64_t M = input.size(0), H = weight1.size(0), N = weight2.size(0);
+  at::Tensor hidden = at::empty({M, H}, input.options());
+  at::Tensor act = at::empty({M, H}, input.options());
+  at::Tensor out = at::empty({M, N}, input.options());
+  at::mm_out(hidden, input, weight1.t());
+  if (hidden.numel() > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_fwd", [&] {
+      dispatch_gelu_kind(kind, [&](auto kind_tag) {
+        constexpr GeluKind k = decltype(kind_tag)::value;
+        if (given(bias1)) {
+          bias_gelu_rows<scalar_t, k, true>(hidden.mutable_data_ptr<scalar_t>(),
+                                            bias1->const_data_ptr<scalar_t>(),
+                                            act.mutable_data_ptr<scalar_t>(), M, H);
+        } else {
+          bias_gelu_rows<scalar_t, k, false>(hidden.mutable_data_ptr<scalar_t>(), nullptr,
+                                             act.mutable_data_ptr<scalar_t>(), M, H);
+        }
+      });
+    });
+  }
+  if (given(bias2)) {
+    at::addmm_out(out, *bias2, act, weight2.t());
+  } else {
+    at::mm_out(out, act, weight2.t());
+  }
+  return {out, hidden};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_bwd(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& hidden_pre,
+    const at::Tensor& weight1, const at::Tensor& weight2, bool has_bias1, bool has_bias2,
+    c10::string_view approximate) {
+  check_gelu_ffn_bwd_args(grad_out, input, hidden_pre, weight1, weight2);
+  const GeluKind kind = parse_approximate(approximate);
+  const int64_t M = input.size(0), H = weight1.size(0), N = weight2.size(0);
+  const auto options = input.options();
+  at::Tensor grad_hidden = at::empty({M, H}, options);  // dg, then dh in place
+  at::Tensor act = at::empty({M, H}, options);
+  at::mm_out(grad_hidden, grad_out, weight2);
+
+  // With no rows the partials are an empty sum: the bias gradients are zeros.
+  const int64_t blocks = M > 0 ? num_partial_blocks(M, H + N) : 0;
+  const auto acc_options = options.dtype(stats_dtype(input.scalar_type()));
+  at::Tensor part1 = at::empty({has_bias1 ? blocks : 0, H}, acc_options);
+  at::Tensor part2 = at::empty({has_bias2 ? blocks : 0, N}, acc_options);
+  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
+  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_bwd", [&] {
+    using acc_t = acc_type<scalar_t>;
+    if (M > 0) {
+      dispatch_gelu_kind(kind, [&](auto kind_tag) {
+        dispatch_bools(has_bias1, has_bias2, [&](auto b1, auto b2) {
+          dgelu_rows<scalar_t, decltype(kind_tag)::value, decltype(b1)::value,
+                     decltype(b2)::value>(
+              hidden_pre.const_data_ptr<scalar_t>(), grad_hidden.mutable_data_ptr<scalar_t>(),
+              act.mutable_data_ptr<scalar_t>(), grad_out.const_data_ptr<scalar_t>(),
+              part1.mutable_data_ptr<acc_t>(), part2.mutable_data_ptr<acc_t>(), M, H, N,
+              blocks);
+        });
+      });
+    }
+    if (has_bias1) {
+      reduce_partials(part1.const_data_ptr<acc_t>(), part1.size(0), H,
+                      grad_bias1.mutable_data_ptr<scalar_t>());
+    }
+    if (has_bias2) {
+      reduce_partials(part2.const_data_ptr<acc_t>(), part2.size(0), N,
+                      grad_bias2.mutable_data_ptr<scalar_t>());
+    }
+  });
+  at::Tensor grad_weight2 = at::mm(grad_out.t(), act);
+  at::Tensor grad_weight1 = at::mm(grad_hidden.t(), input);
+  at::Tensor grad_input = at::mm(grad_hidden, weight1);
+  return {grad_input, grad_weight1, grad_bias1, grad_weight2, grad_bias2};
+}
+
+}  // namespace
+}  // namespace fusednorm::cpu
+
+TORCH_LIBRARY_IMPL(fusednorm, CPU, m) {
+  m.impl("gelu_ffn_fwd", &fusednorm::cpu::gelu_ffn_fwd);
+  m.impl("gelu_ffn_bwd", &fusednorm::cpu::gelu_ffn_bwd);
+}
