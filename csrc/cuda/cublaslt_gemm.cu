@@ -1,0 +1,196 @@
+// cuBLASLt calls for the GELU feed-forward block (see cublaslt_gemm.h).
+//
+// cuBLAS is column-major; a row-major [r, c] tensor is the column-major [c, r] matrix with
+// leading dimension c. So the row-major D [m, n] = op(A) @ op(B) is computed as the
+// column-major D^T [n, m] = op(B)^T @ op(A)^T: cuBLAS's first operand is our B, its
+// second our A, and its M, N are our n, m. In cuBLAS's terms a per-column bias of our D
+// is a per-row bias of D^T (BIAS / GELU_*_BIAS / DGELU_BGRAD: "length = rows of D"), and a
+// reduction of our op(A) over k is BGRADB (its B is our A).
+
+#include "cuda/cublaslt_gemm.h"
+
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/Exceptions.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace fusednorm::cuda {
+namespace {
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  ~MatmulDesc() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+  template <typename V>
+  void set(cublasLtMatmulDescAttributes_t attr, const V& value) {
+    TORCH_CUDABLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+  }
+};
+
+struct Layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  // The column-major view of a contiguous row-major [rows, cols] tensor.
+  Layout(cudaDataType_t type, int64_t rows, int64_t cols) {
+    TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, cols, rows, cols));
+  }
+  ~Layout() {
+    if (layout) cublasLtMatrixLayoutDestroy(layout);
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  Preference() { TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)); }
+  ~Preference() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  }
+  template <typename V>
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
+    TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+  }
+};
+
+cudaDataType_t cuda_type(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return CUDA_R_16F;
+    case at::kBFloat16: return CUDA_R_16BF;
+    case at::kFloat: return CUDA_R_32F;
+    default: TORCH_CHECK(false, "fusednorm: no cuBLASLt path for ", t);
+  }
+  return CUDA_R_32F;  // not reached
+}
+
+// The largest power of two (at most 256) that divides the address: what the heuristic
+// must assume about a buffer's alignment (its default is 256 bytes).
+uint32_t alignment_bytes(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 1;
+  while (alignment < 256 && address % (2 * alignment) == 0) alignment *= 2;
+  return alignment;
+}
+
+bool uses_aux(LtEpilogue e) {
+  return e == LtEpilogue::kGeluAuxBias || e == LtEpilogue::kGeluAux ||
+         e == LtEpilogue::kDGelu || e == LtEpilogue::kDGeluBgrad;
+}
+
+bool uses_bias(LtEpilogue e) {
+  return e == LtEpilogue::kBias || e == LtEpilogue::kGeluAuxBias ||
+         e == LtEpilogue::kDGeluBgrad || e == LtEpilogue::kBgradRowsOfA;
+}
+
+cublasLtEpilogue_t to_cublaslt(LtEpilogue e) {
+  switch (e) {
+    case LtEpilogue::kNone: return CUBLASLT_EPILOGUE_DEFAULT;
+    case LtEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case LtEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case LtEpilogue::kGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case LtEpilogue::kDGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case LtEpilogue::kDGeluBgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case LtEpilogue::kBgradRowsOfA: return CUBLASLT_EPILOGUE_BGRADB;  // cuBLAS's B is our A
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// The most workspace an algorithm may ask for, as cuBLAS recommends: 32 MiB on Hopper and
+// newer, 4 MiB before. Only what the chosen algorithm needs is allocated.
+size_t max_workspace_bytes() {
+  return at::cuda::getCurrentDeviceProperties()->major >= 9 ? (size_t(32) << 20)
+                                                            : (size_t(4) << 20);
+}
+
+}  // namespace
+
+bool cublaslt_enabled(at::ScalarType dtype) {
+  const char* off = std::getenv("FUSEDNORM_DISABLE_CUBLASLT");
+  if (off != nullptr && std::strcmp(off, "1") == 0) return false;
+  return dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat;
+}
+
+bool try_cublaslt_gemm(const LtGemm& g) {
+  const at::ScalarType dtype = g.d.scalar_type();
+  TORCH_INTERNAL_ASSERT(g.a.scalar_type() == dtype && g.b.scalar_type() == dtype);
+  TORCH_INTERNAL_ASSERT(g.a.is_contiguous() && g.b.is_contiguous() && g.d.is_contiguous());
+  const int64_t m = g.d.size(0), n = g.d.size(1);
+  const int64_t k = g.trans_a ? g.a.size(0) : g.a.size(1);
+  TORCH_INTERNAL_ASSERT((g.trans_a ? g.a.size(1) : g.a.size(0)) == m);
+  TORCH_INTERNAL_ASSERT((g.trans_b ? g.b.size(1) : g.b.size(0)) == k);
+  TORCH_INTERNAL_ASSERT((g.trans_b ? g.b.size(0) : g.b.size(1)) == n);
+  TORCH_INTERNAL_ASSERT(!uses_aux(g.epilogue) || g.aux != nullptr);
+  TORCH_INTERNAL_ASSERT(!uses_bias(g.epilogue) || g.bias != nullptr);
+  if (m == 0 || n == 0 || k == 0) return false;
+  // The GELU input matrix's leading dimension (n) must be a multiple of 8.
+  if (uses_aux(g.epilogue) && n % 8 != 0) return false;
+
+  const cudaDataType_t type = cuda_type(dtype);
+  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
+  MatmulDesc desc;
+  TORCH_CUDABLAS_CHECK(cublasLtMatmulDescCreate(
+      &desc.desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLAS's first operand is our B, its second our A (see the top of this file).
+  const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_first);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_second);
+  const cublasLtEpilogue_t epilogue = to_cublaslt(g.epilogue);
+  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (uses_bias(g.epilogue)) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  if (uses_aux(g.epilogue)) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, n);
+  }
+
+  const Layout first(type, g.b.size(0), g.b.size(1));
+  const Layout second(type, g.a.size(0), g.a.size(1));
+  const Layout out(type, m, n);
+
+  const size_t ws_bytes = max_workspace_bytes();
+  Preference pref;
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws_bytes));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_bytes(g.b.const_data_ptr()));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_bytes(g.a.const_data_ptr()));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_bytes(g.d.const_data_ptr()));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_bytes(g.d.const_data_ptr()));
+  if (dtype != at::kFloat) {
+    // Split-k partial sums in float, never in the 16-bit output type.
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, schemes);
+  }
+
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, desc.desc, first.layout, second.layout, out.layout, out.layout, pref.pref, 1,
+      &heuristic, &found);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+      TORCH_WARN_ONCE("fusednorm: cuBLASLt heuristic failed (status ", static_cast<int>(status),
+                      ") for epilogue ", static_cast<int>(epilogue), "; using the fallback path");
+    }
+    return false;
+  }
+
+  // From the caching allocator on the current stream: freed for reuse by this stream when
+  // this function returns, which stream order makes safe; under graph capture it comes
+  // from the graph's private pool.
+  const size_t ws_used = heuristic.workspaceSize;
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(ws_used)}, g.d.options().dtype(at::kByte));
+  const float alpha = 1.0f, beta = 0.0f;
+  TORCH_CUDABLAS_CHECK(cublasLtMatmul(
+      handle, desc.desc, &alpha, g.b.const_data_ptr(), first.layout, g.a.const_data_ptr(),
+      second.layout, &beta, g.d.mutable_data_ptr(), out.layout, g.d.mutable_data_ptr(),
+      out.layout, &heuristic.algo, ws_used > 0 ? workspace.mutable_data_ptr() : nullptr, ws_used,
+      at::cuda::getCurrentCUDAStream()));
+  return true;
+}
+
+}  // namespace fusednorm::cuda
