@@ -216,19 +216,17 @@ def layer_norm_gelu_ffn(
     Under autocast it runs as layer_norm then gelu_ffn, each with autocast's dtypes."""
     fn = "fusednorm.layer_norm_gelu_ffn"
     _check_ffn_tensors(fn, input, {})
-    if input.dim() < 1:
-        raise ValueError(f"{fn}: input must have at least one dim (the features), got a scalar")
-    d = input.shape[-1]
-    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps)
     if torch.is_autocast_enabled(input.device.type):
-        normed = layer_norm(input, (d,), ln_weight, ln_bias, eps)
+        normed = layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
         return input + gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
     _check_gelu_ffn_args(fn, input, weight1, bias1, weight2, bias2, approximate)
+    d = input.shape[-1]
     if weight2.shape[0] != d:
         raise ValueError(
             f"{fn}: weight2 must have shape [{d}, {weight1.shape[0]}] for the residual "
             f"connection to input of shape {list(input.shape)}, got {list(weight2.shape)}"
         )
+    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps)
     if not (
         _loader.has_kernel("gelu_ffn_fwd", input.device.type)
         and _loader.has_kernel("layer_norm_apply", input.device.type)

@@ -6,14 +6,17 @@
 //
 // GEMMs go through cuBLASLt with the epilogue that fuses the elementwise work where one
 // applies (float16 / bfloat16 / float32; GELU epilogues only for approximate="tanh", since
-// cuBLASLt's GELU is the tanh form), else through ATen's GEMM plus fusednorm's kernels:
+// cuBLASLt's GELU is the tanh form), else through ATen's GEMMs plus fusednorm's kernels
+// ("otherwise": float64, FUSEDNORM_DISABLE_CUBLASLT=1, or no cuBLASLt algorithm):
 //
-//   step          tanh, cuBLASLt                       exact, float64, or no cuBLASLt
-//   h, a          GEMM + GELU_AUX(_BIAS) epilogue      GEMM (+BIAS epilogue) + bias_gelu
-//   out           GEMM + BIAS epilogue                 GEMM (addmm)
-//   dh, db1, a    GEMM + DGELU(_BGRAD), then gelu(h)   GEMM (dg) + one dgelu pass: a, dh, db1
-//   dW2, db2      GEMM + BGRADB epilogue               GEMM + column sum of dy
-//   dW1, dx       GEMM                                 GEMM
+//   step        with cuBLASLt                                   otherwise
+//   h, a        tanh:  GEMM + GELU_AUX(_BIAS) epilogue           addmm (mm), gelu pass
+//               exact: GEMM + BIAS epilogue, gelu pass
+//   out         GEMM + BIAS epilogue                             addmm (mm)
+//   dh, db1, a  tanh:  GEMM + DGELU(_BGRAD) epilogue, gelu pass  mm (dg), dgelu pass
+//               exact: mm (dg), dgelu pass (a, dh, db1 at once)
+//   dW2, db2    GEMM + BGRADB epilogue                           mm, column sum of dy
+//   dW1, dx     mm                                               mm
 //
 // The kernels read and write 16 bytes per access where the row length and the pointers
 // allow it (a 1-element path otherwise), compute in float (double for double) and round
@@ -67,28 +70,17 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& pack) {
 
 constexpr int kElementwiseThreads = 256;
 
-// ---- forward: h += bias, a = gelu(h) ---------------------------------------------------
+// ---- forward: a = gelu(h) --------------------------------------------------------------
 
-// Over a contiguous [rows, cols] pre-activation, kVec elements at a time (packs_per_row =
-// cols / kVec): kBias adds bias[col] and stores the sum in h; a = gelu(h) of the value h
-// holds, so that the backward's recompute of gelu from the saved h is exact.
-template <typename T, int kVec, GeluKind kind, bool kBias>
+// a = gelu(h) over n contiguous elements, kVec at a time (packs = n / kVec).
+template <typename T, int kVec, GeluKind kind>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    bias_gelu_kernel(T* __restrict__ h, const T* __restrict__ bias, T* __restrict__ a,
-                     int64_t packs, int64_t packs_per_row) {
+    gelu_kernel(const T* __restrict__ h, T* __restrict__ a, int64_t packs) {
   using acc_t = acc_type<T>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
        i += stride) {
-    Pack<T, kVec> hv = load_pack<kVec>(h + i * kVec);
-    if constexpr (kBias) {
-      const Pack<T, kVec> bv = load_pack<kVec>(bias + (i % packs_per_row) * kVec);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        hv.v[j] = static_cast<T>(static_cast<acc_t>(hv.v[j]) + static_cast<acc_t>(bv.v[j]));
-      }
-      store_pack<kVec>(h + i * kVec, hv);
-    }
+    const Pack<T, kVec> hv = load_pack<kVec>(h + i * kVec);
     Pack<T, kVec> av;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -227,29 +219,22 @@ unsigned elementwise_blocks(int64_t work_items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(needed, max_blocks)));
 }
 
-// h += bias (in place; only when bias is given, else h is only read), a = gelu(h), over
-// the contiguous [rows, cols] tensor h.
+// a = gelu(h) for contiguous tensors of one shape.
 template <typename T>
-void launch_bias_gelu(const at::Tensor& h, const T* bias, at::Tensor& a, GeluKind kind) {
-  const int64_t rows = h.size(0), cols = h.size(1);
-  if (h.numel() == 0) return;
-  T* h_ptr = h.mutable_data_ptr<T>();
+void launch_gelu(const at::Tensor& h, at::Tensor& a, GeluKind kind) {
+  const int64_t n = h.numel();
+  if (n == 0) return;
+  const T* h_ptr = h.const_data_ptr<T>();
   T* a_ptr = a.mutable_data_ptr<T>();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  dispatch_vec<T>(packs_fit<T>(cols, {h_ptr, a_ptr, bias}), [&](auto vec_tag) {
+  // Packs may cross rows here: only the total length and the pointers matter.
+  dispatch_vec<T>(packs_fit<T>(n, {h_ptr, a_ptr}), [&](auto vec_tag) {
     constexpr int kVec = decltype(vec_tag)::value;
-    const int64_t packs_per_row = cols / kVec;
-    const int64_t packs = rows * packs_per_row;
+    const int64_t packs = n / kVec;
     const unsigned blocks = elementwise_blocks(packs);
     dispatch_gelu_kind(kind, [&](auto kind_tag) {
-      constexpr GeluKind k = decltype(kind_tag)::value;
-      if (bias != nullptr) {
-        bias_gelu_kernel<T, kVec, k, true><<<blocks, kElementwiseThreads, 0, stream>>>(
-            h_ptr, bias, a_ptr, packs, packs_per_row);
-      } else {
-        bias_gelu_kernel<T, kVec, k, false><<<blocks, kElementwiseThreads, 0, stream>>>(
-            h_ptr, nullptr, a_ptr, packs, packs_per_row);
-      }
+      gelu_kernel<T, kVec, decltype(kind_tag)::value><<<blocks, kElementwiseThreads, 0, stream>>>(
+          h_ptr, a_ptr, packs);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
@@ -368,17 +353,25 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
     T* b2 = data_or_null<T>(bias2);
 
     // h and a: one GEMM whose epilogue adds b1, applies tanh-GELU and keeps h (tanh only).
-    bool done = lt && kind == GeluKind::kTanh &&
-                try_cublaslt_gemm({input, false, weight1, true, act,
-                                   b1 ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux, b1,
-                                   hidden.mutable_data_ptr()});
-    if (!done) {
-      // Else the GEMM (adding b1 in its epilogue if it can), then bias + GELU in one pass.
-      const bool bias_done = lt && b1 != nullptr &&
+    const bool fused = lt && kind == GeluKind::kTanh &&
+                       try_cublaslt_gemm({input, false, weight1, true, act,
+                                          b1 ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux,
+                                          b1, hidden.mutable_data_ptr()});
+    if (!fused) {
+      // Else the GEMM with b1 added inside it (epilogue, or addmm's beta = 1), before the
+      // product is rounded to T: adding it to a rounded float16/bfloat16 product loses
+      // accuracy wherever the two nearly cancel. Then GELU in one pass.
+      const bool gemm_done = lt && b1 != nullptr &&
                              try_cublaslt_gemm({input, false, weight1, true, hidden,
                                                 LtEpilogue::kBias, b1});
-      if (!bias_done) at::mm_out(hidden, input, weight1.t());
-      launch_bias_gelu<T>(hidden, bias_done ? nullptr : b1, act, kind);
+      if (!gemm_done) {
+        if (b1 != nullptr) {
+          at::addmm_out(hidden, *bias1, input, weight1.t());
+        } else {
+          at::mm_out(hidden, input, weight1.t());
+        }
+      }
+      launch_gelu<T>(hidden, act, kind);
     }
 
     // out = a @ W2^T + b2.
@@ -431,7 +424,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
                                           db1 ? LtEpilogue::kDGeluBgrad : LtEpilogue::kDGelu,
                                           db1, const_cast<void*>(hidden_pre.const_data_ptr())});
     if (fused) {
-      launch_bias_gelu<T>(hidden_pre, nullptr, act, kind);  // no bias: reads h only
+      launch_gelu<T>(hidden_pre, act, kind);
     } else {
       // Else dg = dy @ W2 first, then one pass over h and dg writes a, dh and db1.
       at::mm_out(grad_hidden, grad_out, weight2);

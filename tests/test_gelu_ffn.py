@@ -1,0 +1,508 @@
+"""GELU feed-forward block (fusednorm.gelu_ffn, FusedGeluFFN) and the pre-LN sub-block
+(FusedLayerNormGeluFFN): results and gradients against eager PyTorch modules with the same
+weights, judged against a float64 reference; ops, compile, memory, errors."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import fusednorm
+from fusednorm import reference
+
+from conftest import ATOL, DEVICES, DTYPES, HAS_CUDA, assert_close_three_way, random_input
+
+APPROXIMATE = ["none", "tanh"]
+# (batch shape, d_model, hidden): odd sizes (scalar tails, unaligned rows), a 3-D input,
+# and sizes that take the vectorized / cuBLASLt-epilogue paths.
+SHAPES = [((5,), 7, 33), ((4, 9), 16, 64), ((70,), 64, 256)]
+
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def _param(shape, fan_in, generator):
+    """nn.Linear's default initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in float64."""
+    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)
+
+
+def _ffn_module_pair(d, hidden, bias, approximate, dtype, device, seed=0):
+    """A FusedGeluFFN and the eager nn.Sequential(Linear, GELU, Linear) with equal weights."""
+    fused = fusednorm.FusedGeluFFN(d, hidden, bias=bias, approximate=approximate)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for linear, fan_in in ((fused.fc1, d), (fused.fc2, hidden)):
+            linear.weight.copy_(_param(linear.weight.shape, fan_in, g))
+            if bias:
+                linear.bias.copy_(_param(linear.bias.shape, fan_in, g))
+    fused = fused.to(device=device, dtype=dtype)
+    eager = nn.Sequential(
+        copy.deepcopy(fused.fc1), nn.GELU(approximate=approximate), copy.deepcopy(fused.fc2)
+    )
+    return fused, eager
+
+
+def _params(module: nn.Module) -> list[torch.Tensor]:
+    return [p for p in module.parameters()]
+
+
+def _grads(out, inputs, grad_out):
+    return torch.autograd.grad(out, inputs, grad_out)
+
+
+def _float64_leaves(tensors):
+    return [t.detach().double().requires_grad_() for t in tensors]
+
+
+def _check_all(fused, eager, ref, dtype, names):
+    for f, e, r, name in zip(fused, eager, ref, names):
+        assert f.dtype == dtype, f"{name}: dtype {f.dtype}"
+        assert_close_three_way(f, e, r, dtype, what=name)
+
+
+# --- results and gradients ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch,d,hidden", SHAPES)
+def test_ffn_matches_eager(device, dtype, approximate, bias, batch, d, hidden):
+    fused, eager = _ffn_module_pair(d, hidden, bias, approximate, dtype, device)
+    x = random_input((*batch, d), dtype, device).requires_grad_()
+    dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
+
+    y = fused(x)
+    y_eager = eager(x)
+    x64, *p64 = _float64_leaves([x, *_params(fused)])
+    y64 = reference.gelu_ffn(x64, *(p64 if bias else [p64[0], None, p64[1], None]), approximate)
+    names = ["dx"] + [n for n, _ in fused.named_parameters()]
+    _check_all([y], [y_eager], [y64], dtype, ["output"])
+    _check_all(
+        _grads(y, [x, *_params(fused)], dy),
+        _grads(y_eager, [x, *_params(eager)], dy),
+        _grads(y64, [x64, *p64], dy.double()),
+        dtype,
+        names,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ffn_other_layouts(device, dtype):
+    """A strided input, out_features != in_features, one bias only, through gelu_ffn."""
+    g = torch.Generator().manual_seed(3)
+    w1, b1, w2 = (_param(s, f, g).to(device=device, dtype=dtype) for s, f in
+                  (((40, 12), 12), ((40,), 12), ((9, 40), 40)))
+    x = random_input((6, 24), dtype, device)[:, ::2].requires_grad_()
+    assert not x.is_contiguous()
+    leaves = [x, w1.requires_grad_(), b1.requires_grad_(), w2.requires_grad_()]
+    dy = random_input((6, 9), dtype, device, scale=1.0, shift=0.0, seed=4)
+    y = fusednorm.gelu_ffn(x, w1, b1, w2, None, approximate="tanh")
+    y_eager = reference.gelu_ffn(x, w1, b1, w2, None, "tanh", upcast=False)
+    leaves64 = _float64_leaves(leaves)
+    y64 = reference.gelu_ffn(leaves64[0], leaves64[1], leaves64[2], leaves64[3], None, "tanh")
+    _check_all([y], [y_eager], [y64], dtype, ["output"])
+    _check_all(_grads(y, leaves, dy), _grads(y_eager, leaves, dy),
+               _grads(y64, leaves64, dy.double()), dtype, ["dx", "dW1", "db1", "dW2"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+def test_ffn_empty_batch(device, batch):
+    fused, eager = _ffn_module_pair(8, 24, True, "none", torch.float32, device)
+    x = torch.empty((*batch, 8), device=device, requires_grad=True)
+    y = fused(x)
+    assert y.shape == (*batch, 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    for name, p in fused.named_parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) == 0, name
+
+
+# --- the pre-LN block ----------------------------------------------------------------------
+
+
+def _block_pair(d, hidden, bias, approximate, dtype, device):
+    """A FusedLayerNormGeluFFN and its eager twin x + Sequential(x) with equal weights."""
+    ffn, eager_ffn = _ffn_module_pair(d, hidden, bias, approximate, dtype, device)
+    block = fusednorm.FusedLayerNormGeluFFN(d, hidden, bias=bias, approximate=approximate,
+                                            device=device, dtype=dtype)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        block.norm.weight.copy_(1 + 0.5 * _param((d,), 1, g))
+        block.norm.bias.copy_(0.5 * _param((d,), 1, g))
+    block.fc1.load_state_dict(ffn.fc1.state_dict())
+    block.fc2.load_state_dict(ffn.fc2.state_dict())
+    norm = nn.LayerNorm(d, device=device, dtype=dtype)
+    norm.load_state_dict(block.norm.state_dict())
+    return block, nn.Sequential(norm, *eager_ffn)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch,d,hidden", SHAPES)
+def test_layer_norm_block_matches_eager(device, dtype, approximate, bias, batch, d, hidden):
+    block, eager = _block_pair(d, hidden, bias, approximate, dtype, device)
+    x = random_input((*batch, d), dtype, device).requires_grad_()
+    dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
+
+    y = block(x)
+    y_eager = x + eager(x)
+    x64, *p64 = _float64_leaves([x, *_params(block)])
+    ln_w, ln_b, w1, *rest = p64
+    ffn64 = [w1, rest[0], rest[1], rest[2]] if bias else [w1, None, rest[0], None]
+    y64 = reference.layer_norm_gelu_ffn(x64, ln_w, ln_b, 1e-5, *ffn64, approximate)
+    _check_all([y], [y_eager], [y64], dtype, ["output"])
+    _check_all(
+        _grads(y, [x, *_params(block)], dy),
+        _grads(y_eager, [x, *_params(eager)], dy),
+        _grads(y64, [x64, *p64], dy.double()),
+        dtype,
+        ["dx"] + [n for n, _ in block.named_parameters()],
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_norm_block_mixed_precision_norm(device):
+    """float32 LayerNorm parameters with a bfloat16 input, as layer_norm allows."""
+    block, _ = _block_pair(16, 48, True, "none", torch.bfloat16, device)
+    block.norm.float()
+    x = random_input((10, 16), torch.bfloat16, device).requires_grad_()
+    y = block(x)
+    y.float().square().sum().backward()
+    assert y.dtype == torch.bfloat16 and block.norm.weight.grad.dtype == torch.float32
+    x64 = x.detach().double()
+    p = [t.detach().double() for t in _params(block)]
+    y64 = reference.layer_norm_gelu_ffn(x64, p[0], p[1], 1e-5, *p[2:], "none")
+    assert (y.double() - y64).abs().max() < 0.1 * (1 + y64.abs().max())
+
+
+# --- gradcheck, opcheck, compile -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradcheck_float64(approximate, bias):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w1 = (torch.randn(9, 5, generator=g, dtype=torch.float64) / 2).requires_grad_()
+    w2 = (torch.randn(5, 9, generator=g, dtype=torch.float64) / 3).requires_grad_()
+    b1 = torch.randn(9, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    b2 = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    inputs = [t for t in (x, w1, b1, w2, b2) if t is not None]
+
+    def ffn(*args):
+        x, w1, *rest = args
+        b1, w2, b2 = rest if bias else (None, rest[0], None)
+        return fusednorm.gelu_ffn(x, w1, b1, w2, b2, approximate)
+
+    assert torch.autograd.gradcheck(ffn, inputs)
+
+    ln_w = (1 + torch.randn(5, generator=g, dtype=torch.float64) / 4).requires_grad_()
+    ln_b = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def block(x, ln_w, ln_b, w1, *rest):
+        b1, w2, b2 = rest if bias else (None, rest[0], None)
+        return fusednorm.functional.layer_norm_gelu_ffn(x, ln_w, ln_b, 1e-5, w1, b1, w2, b2,
+                                                        approximate)
+
+    assert torch.autograd.gradcheck(block, [x, ln_w, ln_b, *inputs[1:]])
+
+
+def _op_samples(device, dtype):
+    g = torch.Generator().manual_seed(6)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    M, K, H, N = 6, 8, 24, 8
+    x, w1, b1, w2, b2 = rand(M, K), rand(H, K), rand(H), rand(N, H), rand(N)
+    samples = []
+    for approximate in APPROXIMATE:
+        samples.append((torch.ops.fusednorm.gelu_ffn_fwd, (x, w1, b1, w2, b2, approximate)))
+        samples.append((torch.ops.fusednorm.gelu_ffn_fwd, (x, w1, None, w2, None, approximate)))
+        h = x @ w1.T + b1
+        for has_bias in (True, False):
+            samples.append((torch.ops.fusednorm.gelu_ffn_bwd,
+                            (rand(M, N), x, h, w1, w2, has_bias, not has_bias, approximate)))
+    mean, rstd = x.float().mean(1), torch.rand(M, generator=g).to(device) + 0.5
+    if dtype == torch.float64:
+        mean, rstd = mean.double(), rstd.double()
+    samples.append((torch.ops.fusednorm.layer_norm_apply, (x, mean, rstd, rand(K), rand(K))))
+    samples.append((torch.ops.fusednorm.layer_norm_apply, (x, mean, rstd, None, None)))
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(device, dtype):
+    for op, args in _op_samples(device, dtype):
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block", [False, True], ids=["ffn", "layer_norm_block"])
+def test_compile_fullgraph(device, block):
+    torch._dynamo.reset()
+    if block:
+        module, _ = _block_pair(16, 40, True, "tanh", torch.float32, device)
+    else:
+        module, _ = _ffn_module_pair(16, 40, True, "none", torch.float32, device)
+    compiled = torch.compile(module, fullgraph=True)
+    x = random_input((3, 5, 16), torch.float32, device).requires_grad_()
+    dy = random_input((3, 5, 16), torch.float32, device, scale=1.0, shift=0.0, seed=2)
+    y = compiled(x)
+    grads = _grads(y, [x, *_params(module)], dy)
+    y_ref = module(x)
+    grads_ref = _grads(y_ref, [x, *_params(module)], dy)
+    torch.testing.assert_close(y, y_ref)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b)
+
+
+# --- saved activations ------------------------------------------------------------------------
+
+
+def _saved_activations(fn, x, params):
+    """The tensors autograd saves while fn(x) runs, except x and the parameters (which
+    exist anyway): a list of (shape, bytes)."""
+    exempt = {t.untyped_storage().data_ptr() for t in (x, *params)}
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in exempt:
+            saved.append((tuple(t.shape), t.untyped_storage().nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x)
+    return saved
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saved_activations_halved(device, dtype):
+    fused, eager = _ffn_module_pair(32, 128, True, "none", dtype, device)
+    x = random_input((4, 50, 32), dtype, device).requires_grad_()
+    ours = _saved_activations(fused, x, _params(fused))
+    theirs = _saved_activations(eager, x, _params(eager))
+    ours_bytes, theirs_bytes = sum(b for _, b in ours), sum(b for _, b in theirs)
+    assert ours_bytes <= 0.55 * theirs_bytes, (ours, theirs)
+    assert [shape for shape, _ in ours] == [(200, 128)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_norm_block_saves_no_layer_norm_output(device):
+    block, eager = _block_pair(32, 128, True, "tanh", torch.float32, device)
+    x = random_input((4, 50, 32), torch.float32, device).requires_grad_()
+    ours = _saved_activations(block, x, _params(block))
+    theirs = _saved_activations(lambda t: t + eager(t), x, _params(eager))
+    # Ours: the statistics and fc1's output. The LayerNorm output ([200, 32], what fc1 of
+    # the eager block saves) is not among them.
+    assert sorted(shape for shape, _ in ours) == [(200,), (200,), (200, 128)]
+    assert any(shape[-1] == 32 and math.prod(shape) == 200 * 32 for shape, _ in theirs)
+    assert sum(b for _, b in ours) <= 0.55 * sum(b for _, b in theirs)
+
+
+# --- modules ---------------------------------------------------------------------------------
+
+
+def test_module_structure_and_state_dict():
+    ffn = fusednorm.FusedGeluFFN(12)
+    assert ffn.fc1.out_features == 48 and ffn.fc2.in_features == 48
+    assert list(ffn.state_dict()) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert "approximate='none'" in repr(ffn)
+    no_bias = fusednorm.FusedGeluFFN(12, 20, bias=False, approximate="tanh")
+    assert list(no_bias.state_dict()) == ["fc1.weight", "fc2.weight"]
+
+    block = fusednorm.FusedLayerNormGeluFFN(12, 30, eps=1e-6, bias=False,
+                                            dtype=torch.float64)
+    assert list(block.state_dict()) == ["norm.weight", "norm.bias", "fc1.weight", "fc2.weight"]
+    assert isinstance(block.norm, nn.LayerNorm) and block.norm.eps == 1e-6
+    assert block.fc1.weight.dtype == torch.float64
+    # State dicts map from the usual modules by name.
+    plain = nn.ModuleDict({"norm": nn.LayerNorm(12, eps=1e-6, dtype=torch.float64),
+                           "fc1": nn.Linear(12, 30, bias=False, dtype=torch.float64),
+                           "fc2": nn.Linear(30, 12, bias=False, dtype=torch.float64)})
+    block.load_state_dict(plain.state_dict())
+    x = torch.randn(3, 12, dtype=torch.float64)
+    expected = x + plain["fc2"](nn.functional.gelu(plain["fc1"](plain["norm"](x))))
+    torch.testing.assert_close(block(x), expected)
+
+
+def test_autocast_cpu_matches_eager_dtype():
+    fused, eager = _ffn_module_pair(16, 32, True, "none", torch.float32, "cpu")
+    x = random_input((5, 16), torch.float32, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y_eager = fused(x), eager(x)
+    assert y.dtype == y_eager.dtype == torch.bfloat16
+    torch.testing.assert_close(y, y_eager, atol=0.05, rtol=0.02)
+
+
+def test_double_backward_is_refused():
+    fused, _ = _ffn_module_pair(6, 10, True, "none", torch.float64, "cpu")
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(fused(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_gradients_deterministic(device):
+    fused, _ = _ffn_module_pair(24, 72, True, "none", torch.float32, device)
+    x = random_input((300, 24), torch.float32, device)
+    dy = random_input((300, 24), torch.float32, device, scale=1.0, shift=0.0, seed=1)
+
+    def bias_grads():
+        y = fused(x)
+        return _grads(y, [fused.fc1.bias, fused.fc2.bias], dy)
+
+    first = bias_grads()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        second = bias_grads()
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def _good_args():
+    return dict(input=torch.randn(4, 6), weight1=torch.randn(10, 6), bias1=torch.randn(10),
+                weight2=torch.randn(6, 10), bias2=torch.randn(6))
+
+
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        (dict(weight1=torch.randn(10, 5)), ValueError, r"weight1 must have shape \[hidden, 6\]"),
+        (dict(weight1=torch.randn(60)), ValueError, "weight1 must have shape"),
+        (dict(weight2=torch.randn(6, 11)), ValueError, r"weight2 must have shape \[out_features, 10\]"),
+        (dict(bias1=torch.randn(9)), ValueError, r"bias1 must have shape \[10\]"),
+        (dict(bias2=torch.randn(10)), ValueError, r"bias2 must have shape \[6\]"),
+        (dict(approximate="erf"), ValueError, "approximate must be 'none' or 'tanh'"),
+        (dict(approximate=None), ValueError, "approximate must be 'none' or 'tanh'"),
+        (dict(input=torch.ones(4, 6, dtype=torch.int64)), TypeError, "input must be float32"),
+        (dict(input=torch.ones(4, 6, dtype=torch.complex64)), TypeError, "input must be float32"),
+        (dict(input=[1.0, 2.0]), TypeError, "input must be a Tensor"),
+        (dict(input=torch.tensor(1.0)), ValueError, "at least one dim"),
+        (dict(weight1=None), TypeError, "weight1 and weight2 must be Tensors"),
+        (dict(weight2=torch.randn(6, 10, dtype=torch.float64)), TypeError,
+         r"weight2 must have the input's dtype \(torch.float32\), got torch.float64"),
+        (dict(bias1=torch.randn(10, dtype=torch.bfloat16)), TypeError, "bias1 must have the input's dtype"),
+        (dict(weight1=torch.randn(10, 6, device="meta")), RuntimeError, "weight1 is on meta but input is on cpu"),
+    ],
+)
+def test_bad_arguments_raise(change, error, match):
+    args = _good_args()
+    args.update(change)
+    with pytest.raises(error, match=match):
+        fusednorm.gelu_ffn(**args)
+
+
+def test_bad_arguments_to_ops_raise():
+    a = _good_args()
+    x, w1, b1, w2, b2 = a["input"], a["weight1"], a["bias1"], a["weight2"], a["bias2"]
+    with pytest.raises(RuntimeError, match="weight1 must be 2-D"):
+        torch.ops.fusednorm.gelu_ffn_fwd(x, w1[:, :5].contiguous(), b1, w2, b2, "none")
+    with pytest.raises(RuntimeError, match="approximate must be 'none' or 'tanh'"):
+        torch.ops.fusednorm.gelu_ffn_fwd(x, w1, b1, w2, b2, "fast")
+    with pytest.raises(RuntimeError, match="bias2 must have shape"):
+        torch.ops.fusednorm.gelu_ffn_fwd(x, w1, b1, w2, b1, "none")
+    with pytest.raises(RuntimeError, match="input must be contiguous"):
+        torch.ops.fusednorm.gelu_ffn_fwd(torch.randn(6, 4).T, w1, b1, w2, b2, "none")
+    with pytest.raises(RuntimeError, match="hidden_pre must have shape"):
+        torch.ops.fusednorm.gelu_ffn_bwd(torch.randn(4, 6), x, torch.randn(4, 9), w1, w2,
+                                         True, True, "none")
+    with pytest.raises(RuntimeError, match="grad_out must have the input's dtype"):
+        torch.ops.fusednorm.gelu_ffn_bwd(torch.randn(4, 6, dtype=torch.float64), x,
+                                         torch.randn(4, 10), w1, w2, True, True, "none")
+
+
+def test_bad_module_arguments_raise():
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        fusednorm.FusedGeluFFN(8, approximate="sigmoid")
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        fusednorm.FusedLayerNormGeluFFN(8, approximate="exact")
+    block = fusednorm.FusedLayerNormGeluFFN(8, 16)
+    with pytest.raises(ValueError, match=r"weight1 must have shape \[hidden, 7\]"):
+        block(torch.randn(3, 7))
+
+
+# --- CUDA only -------------------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch,d,hidden", SHAPES + [((333,), 128, 512)])
+def test_cuda_fallback_path_without_cublaslt(monkeypatch, dtype, approximate, bias, batch, d,
+                                              hidden):
+    """The own-kernel path that exact GELU, float64 and unaligned shapes take, forced for
+    every case by FUSEDNORM_DISABLE_CUBLASLT=1, meets the same bound as the default path."""
+    monkeypatch.setenv("FUSEDNORM_DISABLE_CUBLASLT", "1")
+    test_ffn_matches_eager("cuda", dtype, approximate, bias, batch, d, hidden)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+def test_cuda_larger_shapes(dtype, approximate):
+    """Sizes where cuBLASLt picks its tensor-core kernels and the column reductions use many
+    slabs."""
+    test_ffn_matches_eager("cuda", dtype, approximate, True, (4, 512), 256, 1024)
+
+
+@needs_cuda
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+def test_cuda_deterministic_and_graph_capturable(approximate):
+    fused, _ = _ffn_module_pair(128, 512, True, approximate, torch.bfloat16, "cuda")
+    x = random_input((2048, 128), torch.bfloat16, "cuda").requires_grad_()
+    dy = random_input((2048, 128), torch.bfloat16, "cuda", scale=1.0, shift=0.0, seed=1)
+
+    def step():
+        y = fused(x)
+        return (y, *_grads(y, [x, *_params(fused)], dy))
+
+    eager_results = step()
+    again = step()
+    for a, b in zip(eager_results, again):
+        assert torch.equal(a, b)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager_results):
+        assert torch.equal(a, b)
+
+
+@needs_cuda
+def test_cuda_other_device_and_stream():
+    """Runs on the tensors' device, not the current one, and on the current stream."""
+    device = f"cuda:{torch.cuda.device_count() - 1}"
+    fused, eager = _ffn_module_pair(32, 96, True, "tanh", torch.float16, device)
+    x = random_input((64, 32), torch.float16, device)
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.device(0), torch.cuda.stream(stream):
+        y = fused(x)
+        y_eager = eager(x)
+    stream.synchronize()
+    torch.testing.assert_close(y, y_eager, atol=2e-2, rtol=2e-2)
