@@ -123,6 +123,31 @@ def test_ffn_empty_batch(device, batch):
         assert p.grad is not None and torch.count_nonzero(p.grad) == 0, name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+def test_gelu_and_its_derivative_over_a_wide_range(device, dtype, approximate):
+    """With 1x1 weights the block is gelu itself and dx is gelu': both over [-12, 12],
+    tails included, against torch's GELU; NaN propagates."""
+    x = torch.linspace(-12, 12, 4801, dtype=torch.float64).to(device=device, dtype=dtype)
+    x = x.unsqueeze(1).requires_grad_()
+    one = torch.ones(1, 1, device=device, dtype=dtype)
+    y = fusednorm.gelu_ffn(x, one, None, one, None, approximate)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    x_eager = x.detach().requires_grad_()
+    y_eager = nn.functional.gelu(x_eager, approximate=approximate)
+    (dx_eager,) = torch.autograd.grad(y_eager, x_eager, torch.ones_like(y_eager))
+    x64 = x.detach().double().requires_grad_()
+    y64 = nn.functional.gelu(x64, approximate=approximate)
+    (dx64,) = torch.autograd.grad(y64, x64, torch.ones_like(y64))
+    _check_all([y, dx], [y_eager, dx_eager], [y64, dx64], dtype, ["gelu", "gelu'"])
+
+    nan = torch.tensor([[float("nan")], [1.0]], device=device, dtype=dtype, requires_grad=True)
+    y = fusednorm.gelu_ffn(nan, one, None, one, None, approximate)
+    (dx,) = torch.autograd.grad(y.sum(), nan)
+    assert y[0].isnan().all() and dx[0].isnan().all() and not y[1].isnan().any()
+
+
 # --- the pre-LN block ----------------------------------------------------------------------
 
 
