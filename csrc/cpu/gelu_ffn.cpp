@@ -31,14 +31,40 @@ namespace {
 
 using at::vec::Vectorized;
 
-// float math with one exp per element (double uses at::vec's erf / tanh, which are exact
-// to double precision):
-//  - exact: Phi(x) by Abramowitz & Stegun 7.1.26 for erf(|x|/sqrt 2) (absolute error
+// float math with one exponential per element, inlined (double uses at::vec's erf / tanh,
+// exact to double precision):
+//  - exp_of_nonpositive(a) = 2^n * e^r, n = round(a / ln 2), |r| <= ln(2) / 2, e^r by its
+//    Taylor polynomial to degree 7 (truncation error < 1e-8 relative), 2^n built from its
+//    exponent bits; a is clamped at -87 so that 2^n stays a normal float (exp(-87) is
+//    1.6e-38, below anything the callers can resolve).
+//  - exact GELU: Phi(x) by Abramowitz & Stegun 7.1.26 for erf(|x|/sqrt 2) (absolute error
 //    <= 1.5e-7, the approximation at::vec's float erf uses), whose exp(-x^2/2) is also the
-//    phi(x) of gelu'; Phi of a negative x is taken as the small tail directly, not as
-//    1 - (1 - tail), which would cancel.
-//  - tanh: 0.5 * (1 + tanh(u)) = sigmoid(2u), so gelu(x) = x * sigmoid(2u) and
-//    gelu'(x) = s + 2 x s (1 - s) u' with s = sigmoid(2u): no cancellation for x < 0.
+//    phi(x) of gelu'. Phi of a negative x is the small tail itself, not 1 - (1 - tail).
+//  - tanh GELU: 0.5 * (1 + tanh(u)) = sigmoid(2u) = s, so gelu(x) = x * s and
+//    gelu'(x) = s + 2 x s (1 - s) u', with s and 1 - s from exp(-2|u|): no cancellation.
+inline Vectorized<float> exp_of_nonpositive(const Vectorized<float>& a) {
+  using Vec = Vectorized<float>;
+  using IVec = Vectorized<int32_t>;
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693145751953125f;  // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi exact in
+  constexpr float kLn2Lo = 1.42860682030941723e-6f;  // 16 bits so that n * kLn2Hi is exact
+  const Vec clamped = at::vec::maximum(a, Vec(-87.0f));  // NaN stays NaN
+  const Vec n = (clamped * Vec(kLog2e)).round();
+  Vec r = at::vec::fmadd(n, Vec(-kLn2Hi), clamped);
+  r = at::vec::fmadd(n, Vec(-kLn2Lo), r);
+  Vec p(1.0f / 5040.0f);
+  p = at::vec::fmadd(p, r, Vec(1.0f / 720.0f));
+  p = at::vec::fmadd(p, r, Vec(1.0f / 120.0f));
+  p = at::vec::fmadd(p, r, Vec(1.0f / 24.0f));
+  p = at::vec::fmadd(p, r, Vec(1.0f / 6.0f));
+  p = at::vec::fmadd(p, r, Vec(0.5f));
+  p = at::vec::fmadd(p, r, Vec(1.0f));
+  p = at::vec::fmadd(p, r, Vec(1.0f));
+  const IVec exponent = (at::vec::convert_to_int_of_same_size(n) + IVec(127)) << IVec(23);
+  return p * at::vec::cast<float>(exponent);
+}
+
+// Phi(-|x|) = 0.5 * erfc(|x| / sqrt 2), given e = exp(-x^2 / 2).
 inline Vectorized<float> normal_cdf_tail(const Vectorized<float>& x, const Vectorized<float>& e) {
   using Vec = Vectorized<float>;
   constexpr float kP = 0.3275911f;
@@ -49,7 +75,19 @@ inline Vectorized<float> normal_cdf_tail(const Vectorized<float>& x, const Vecto
   poly = at::vec::fmadd(poly, t, Vec(kA3));
   poly = at::vec::fmadd(poly, t, Vec(kA2));
   poly = at::vec::fmadd(poly, t, Vec(kA1));
-  return Vec(0.5f) * poly * t * e;  // Phi(-|x|)
+  return Vec(0.5f) * poly * t * e;
+}
+
+// sigmoid(2u) and 1 - sigmoid(2u), each without cancellation.
+inline void sigmoid_2u(const Vectorized<float>& u, Vectorized<float>& s,
+                       Vectorized<float>& one_minus_s) {
+  using Vec = Vectorized<float>;
+  const Vec q = exp_of_nonpositive(Vec(-2.0f) * u.abs());
+  const Vec large = (Vec(1.0f) + q).reciprocal();  // sigmoid(2|u|)
+  const Vec small = q * large;                     // sigmoid(-2|u|)
+  const Vec negative = u < Vec(0.0f);
+  s = Vec::blendv(large, small, negative);
+  one_minus_s = Vec::blendv(small, large, negative);
 }
 
 template <GeluKind kind, typename acc_t>
@@ -59,11 +97,13 @@ inline Vectorized<acc_t> gelu_vec(const Vectorized<acc_t>& x) {
   const Vec half(acc_t(0.5)), one(acc_t(1));
   if constexpr (std::is_same_v<acc_t, float>) {
     if constexpr (kind == GeluKind::kExact) {
-      const Vec tail = normal_cdf_tail(x, (Vec(-0.5f) * x * x).exp());
+      const Vec tail = normal_cdf_tail(x, exp_of_nonpositive(Vec(-0.5f) * x * x));
       return x * Vec::blendv(one - tail, tail, x < Vec(0.0f));
     } else {
       const Vec u = Vec(C::kSqrt2OverPi) * at::vec::fmadd(Vec(C::kCubic) * x * x, x, x);
-      return x / (one + (Vec(-2.0f) * u).exp());
+      Vec s, one_minus_s;
+      sigmoid_2u(u, s, one_minus_s);
+      return x * s;
     }
   } else if constexpr (kind == GeluKind::kExact) {
     return x * half * (one + (x * Vec(C::kSqrt1_2)).erf());
@@ -82,7 +122,7 @@ inline void gelu_and_grad_vec(const Vectorized<acc_t>& x, Vectorized<acc_t>& val
   const Vec half(acc_t(0.5)), one(acc_t(1));
   if constexpr (std::is_same_v<acc_t, float>) {
     if constexpr (kind == GeluKind::kExact) {
-      const Vec e = (Vec(-0.5f) * x * x).exp();
+      const Vec e = exp_of_nonpositive(Vec(-0.5f) * x * x);
       const Vec tail = normal_cdf_tail(x, e);
       const Vec cdf = Vec::blendv(one - tail, tail, x < Vec(0.0f));
       value = x * cdf;
@@ -91,9 +131,10 @@ inline void gelu_and_grad_vec(const Vectorized<acc_t>& x, Vectorized<acc_t>& val
       const Vec x2 = x * x;
       const Vec u = Vec(C::kSqrt2OverPi) * at::vec::fmadd(Vec(C::kCubic) * x2, x, x);
       const Vec du = Vec(C::kSqrt2OverPi) * at::vec::fmadd(Vec(3.0f * C::kCubic), x2, one);
-      const Vec s = (one + (Vec(-2.0f) * u).exp()).reciprocal();
+      Vec s, one_minus_s;
+      sigmoid_2u(u, s, one_minus_s);
       value = x * s;
-      grad = at::vec::fmadd(Vec(2.0f) * x * s * (one - s), du, s);
+      grad = at::vec::fmadd(Vec(2.0f) * x * s * one_minus_s, du, s);
     }
   } else if constexpr (kind == GeluKind::kExact) {
     const Vec cdf = half * (one + (x * Vec(C::kSqrt1_2)).erf());
