@@ -106,11 +106,17 @@ size_t max_workspace_bytes() {
                                                             : (size_t(4) << 20);
 }
 
+// Whether the environment variable is set to 1; read at every call, so that tests can
+// change it.
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 }  // namespace
 
 bool cublaslt_enabled(at::ScalarType dtype) {
-  const char* off = std::getenv("FUSEDNORM_DISABLE_CUBLASLT");
-  if (off != nullptr && std::strcmp(off, "1") == 0) return false;
+  if (env_flag("FUSEDNORM_DISABLE_CUBLASLT")) return false;
   return dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat;
 }
 
@@ -171,6 +177,10 @@ bool try_cublaslt_gemm(const LtGemm& g) {
       handle, desc.desc, first.layout, second.layout, out.layout, out.layout, pref.pref, 1,
       &heuristic, &found);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+    TORCH_CHECK(!env_flag("FUSEDNORM_CUBLASLT_STRICT"), "fusednorm: cuBLASLt has no algorithm ",
+                "(status ", static_cast<int>(status), ") for epilogue ", static_cast<int>(epilogue),
+                " of a ", dtype, " GEMM with m=", m, ", n=", n, ", k=", k,
+                " (FUSEDNORM_CUBLASLT_STRICT=1 makes this an error instead of a fallback)");
     if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
       TORCH_WARN_ONCE("fusednorm: cuBLASLt heuristic failed (status ", static_cast<int>(status),
                       ") for epilogue ", static_cast<int>(epilogue), "; using the fallback path");

@@ -43,7 +43,9 @@ bool cublaslt_enabled(at::ScalarType dtype);
 
 // Runs the GEMM on the current stream, with a workspace from the caching allocator, and
 // returns true; or returns false, having launched nothing, when cuBLASLt offers no
-// algorithm for it (the caller then takes its fallback path).
+// algorithm for it (the caller then takes its fallback path). With
+// FUSEDNORM_CUBLASLT_STRICT=1 in the environment, no algorithm is an error instead: tests
+// use it to prove that the epilogue path runs.
 bool try_cublaslt_gemm(const LtGemm& gemm);
 
 }  // namespace fusednorm::cuda

@@ -258,9 +258,9 @@ SlabSplit slab_split(int64_t rows, int64_t cols) {
   return {(rows + rows_per_slab - 1) / rows_per_slab, rows_per_slab};
 }
 
-// Runs Step (built by make_step for the chosen pack width) over the contiguous [rows, cols]
-// tensors it reads, and, when sum_out is given, writes the column sums of its values to
-// sum_out ([cols], dtype T).
+// Runs the step that make_step builds for the chosen pack width (packs when packs_ok: cols
+// and the step's pointers allow them) over the contiguous [rows, cols] tensors it reads,
+// and, when sum_out is given, writes the column sums of its values to sum_out ([cols]).
 template <typename T, typename MakeStep>
 void launch_column_slabs(int64_t rows, int64_t cols, bool packs_ok, MakeStep&& make_step,
                          T* sum_out, const at::TensorOptions& options) {
@@ -271,7 +271,7 @@ void launch_column_slabs(int64_t rows, int64_t cols, bool packs_ok, MakeStep&& m
   at::Tensor partial = at::empty({reduce ? split.slabs : 0, cols},
                                  options.dtype(c10::CppTypeToScalarType<acc_type<T>>::value));
   acc_type<T>* partial_ptr = reduce ? partial.mutable_data_ptr<acc_type<T>>() : nullptr;
-  dispatch_vec<T>(packs_ok && packs_fit<T>(cols, {sum_out}), [&](auto vec_tag) {
+  dispatch_vec<T>(packs_ok, [&](auto vec_tag) {
     constexpr int kVec = decltype(vec_tag)::value;
     const auto step = make_step(vec_tag);
     using Step = std::decay_t<decltype(step)>;
