@@ -196,7 +196,7 @@ class GeluFFNFunction(torch.autograd.Function):
     @staticmethod
     def forward(input, weight1, bias1, weight2, bias2, approximate):
         out, hidden = _ops.gelu_ffn_fwd(
-            _as_rows(input, input.shape[-1]), weight1.contiguous(), _contiguous(bias1),
+            _as_rows(input, input.shape[-1:]), weight1.contiguous(), _contiguous(bias1),
             weight2.contiguous(), _contiguous(bias2), approximate,
         )
         return out.view(*input.shape[:-1], out.shape[1]), hidden
@@ -215,7 +215,7 @@ class GeluFFNFunction(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_hidden):
         input, hidden, weight1, weight2 = ctx.saved_tensors
         grad_input, *param_grads = _gelu_ffn_grads(
-            ctx, _as_rows(grad_out, weight2.shape[0]), _as_rows(input, input.shape[-1]),
+            ctx, _as_rows(grad_out, weight2.shape[:1]), _as_rows(input, input.shape[-1:]),
             hidden, weight1, weight2,
         )
         return (grad_input.view(input.shape), *param_grads, None)
@@ -245,7 +245,7 @@ class LayerNormGeluFFNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate):
-        x = _as_rows(input, input.shape[-1])
+        x = _as_rows(input, input.shape[-1:])
         normed, mean, rstd = _ops.layer_norm_fwd(x, _contiguous(ln_weight), _contiguous(ln_bias), eps)
         y, hidden = _ops.gelu_ffn_fwd(
             normed, weight1.contiguous(), _contiguous(bias1), weight2.contiguous(),
@@ -266,9 +266,8 @@ class LayerNormGeluFFNFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_mean, _grad_rstd, _grad_hidden):
         input, ln_weight, ln_bias, mean, rstd, hidden, weight1, weight2 = ctx.saved_tensors
-        cols = input.shape[-1]
-        x = _as_rows(input, cols)
-        grad_rows = _as_rows(grad_out, cols)
+        x = _as_rows(input, input.shape[-1:])
+        grad_rows = _as_rows(grad_out, input.shape[-1:])
         ln_weight, ln_bias = _contiguous(ln_weight), _contiguous(ln_bias)
         normed = _ops.layer_norm_apply(x, mean, rstd, ln_weight, ln_bias)
         grad_normed, *ffn_grads = _gelu_ffn_grads(ctx, grad_rows, normed, hidden, weight1, weight2)

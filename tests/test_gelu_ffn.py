@@ -271,24 +271,48 @@ def test_opcheck(device, dtype):
         torch.library.opcheck(op, args)
 
 
+def _compile_case(block, device):
+    if block:
+        return _block_pair(16, 40, True, "tanh", torch.float32, device)[0]
+    return _ffn_module_pair(16, 40, True, "none", torch.float32, device)[0]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block", [False, True], ids=["ffn", "layer_norm_block"])
-def test_compile_fullgraph(device, block):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, block, dynamic):
     torch._dynamo.reset()
+    module = _compile_case(block, device)
+    compiled = torch.compile(module, fullgraph=True, dynamic=dynamic)
+    for batch in ((3, 5), (7,)):
+        x = random_input((*batch, 16), torch.float32, device).requires_grad_()
+        dy = random_input((*batch, 16), torch.float32, device, scale=1.0, shift=0.0, seed=2)
+        y = compiled(x)
+        grads = _grads(y, [x, *_params(module)], dy)
+        y_ref = module(x)
+        grads_ref = _grads(y_ref, [x, *_params(module)], dy)
+        torch.testing.assert_close(y, y_ref)
+        for a, b in zip(grads, grads_ref):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block", [False, True], ids=["ffn", "layer_norm_block"])
+def test_compiled_graphs_call_the_fused_ops(device, block):
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    module = _compile_case(block, device)
+    compiled = torch.compile(module, backend=backend, fullgraph=True)
+    x = random_input((4, 16), torch.float32, device).requires_grad_()
+    compiled(x).sum().backward()
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert "fusednorm.gelu_ffn_fwd" in fw and "fusednorm.gelu_ffn_bwd" in bw
     if block:
-        module, _ = _block_pair(16, 40, True, "tanh", torch.float32, device)
-    else:
-        module, _ = _ffn_module_pair(16, 40, True, "none", torch.float32, device)
-    compiled = torch.compile(module, fullgraph=True)
-    x = random_input((3, 5, 16), torch.float32, device).requires_grad_()
-    dy = random_input((3, 5, 16), torch.float32, device, scale=1.0, shift=0.0, seed=2)
-    y = compiled(x)
-    grads = _grads(y, [x, *_params(module)], dy)
-    y_ref = module(x)
-    grads_ref = _grads(y_ref, [x, *_params(module)], dy)
-    torch.testing.assert_close(y, y_ref)
-    for a, b in zip(grads, grads_ref):
-        torch.testing.assert_close(a, b)
+        assert "fusednorm.layer_norm_fwd" in fw
+        assert "fusednorm.layer_norm_apply" in bw and "fusednorm.layer_norm_bwd" in bw
 
 
 # --- saved activations ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // The LayerNorm output from saved statistics, y = (x - mean) * rstd * weight + bias, on
-// the CPU: rows in parallel, each row vectorized, with layer_norm_fwd's arithmetic (same
-// operations in the same order), so the recomputed output equals the forward's.
+// the CPU: rows in parallel, each row vectorized, in float (double for double). It
+// normalizes x as layer_norm_bwd does ((x - mean) * rstd), so it agrees with
+// layer_norm_fwd's output to rounding.
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>

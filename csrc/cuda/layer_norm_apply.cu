@@ -1,6 +1,7 @@
 // The LayerNorm output from saved statistics, y = (x - mean) * rstd * weight + bias, on
 // CUDA: one elementwise pass over a contiguous [M, N] input with 16-byte accesses where N
-// and the pointers allow, with layer_norm_fwd's arithmetic (in float, double for double).
+// and the pointers allow, in float (double for double), normalizing x as layer_norm_bwd
+// does ((x - mean) * rstd).
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty_like.h>
