@@ -165,7 +165,8 @@ def _autocast_linear_dtype(device_type: str, tensors: list) -> list:
     if not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            for t in tensors]
 
 
 def gelu_ffn(
