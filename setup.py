@@ -138,9 +138,11 @@ def make_extension():
     archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split()
     with_cuda = ["-DFUSEDNORM_WITH_CUDA", f"-DFUSEDNORM_CUDA_ARCHS={'_'.join(archs)}"]
     nvcc = opt + ["--expt-relaxed-constexpr", "-lineinfo"]
+    # csrc/cuda: kernels in .cu files (nvcc), their ATen-side host code in .cpp files (the
+    # C++ compiler, much faster on ATen's headers than nvcc).
     return CUDAExtension(
         "fusednorm._C",
-        sources + sorted(glob.glob("csrc/cuda/*.cu")),
+        sources + sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp")),
         include_dirs=include_dirs,
         define_macros=macros,
         extra_compile_args={"cxx": cxx + with_cuda, "nvcc": nvcc + with_cuda},

@@ -1,0 +1,123 @@
+#pragma once
+// Device-side helpers shared by fusednorm's CUDA kernels: vector accesses, conversions,
+// rounding-controlled arithmetic and warp reductions that give every lane the same bits.
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/welford.h"
+
+namespace fusednorm::cuda {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// VEC elements of T moved by one access: 16 bytes when VEC * sizeof(T) >= 16 (a wider pack,
+// e.g. 8 float parameters beside 8 halves, is moved as several 16-byte accesses).
+template <typename T, int VEC>
+struct alignas(VEC * sizeof(T) >= 16 ? 16 : VEC * sizeof(T)) Pack {
+  T v[VEC];
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, VEC>*>(p);
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+}
+
+// Element to accumulator. The 16-bit types convert from their bits, which keeps a pack in
+// its 4 registers until each element is used (c10's conversion operators go through the
+// element's address, which for bfloat16 made the compiler unpack whole rows early).
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(c10::Half v) { return __half2float(__ushort_as_half(v.x)); }
+__device__ __forceinline__ float to_acc(c10::BFloat16 v) {
+  return __uint_as_float(static_cast<unsigned>(v.x) << 16);  // exact: bf16 is f32's top half
+}
+
+// Whether p may be read by 16-byte accesses (nullptr: an absent tensor, nothing to read).
+inline bool is_16b_aligned(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// a * b rounded once, never fused into a neighbouring add by the compiler: a product that
+// is later subtracted from its own rounded value (dy * w in the backward) must round alike
+// both times for exact cancellations such as dx = 0 on a one-element row.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T v, int mask) {
+  return __shfl_xor_sync(kFullMask, v, mask);
+}
+
+// Sum over the 32 lanes of a warp, the same bits in every lane (the butterfly's two
+// partners add the same two operands, and addition commutes).
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t v) {
+#pragma unroll
+  for (int mask = 1; mask < kWarpSize; mask <<= 1) v += shfl_xor(v, mask);
+  return v;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> shfl_xor(const WelfordState<acc_t>& s, int mask) {
+  WelfordState<acc_t> out;
+  out.mean = shfl_xor(s.mean, mask);
+  out.m2 = shfl_xor(s.m2, mask);
+  out.count = shfl_xor(s.count, mask);
+  return out;
+}
+
+// count_b / total for Chan's merge. float: the fast division (two ulp at most, no slow-path
+// call: counts are normal numbers), as a full-precision division costs a subroutine call,
+// whose saved registers spilled the large buckets; the weight's error is far below the
+// rounding of the merged mean. double: exact division.
+__device__ __forceinline__ float count_share(float part, float total) {
+  return __fdividef(part, total);
+}
+__device__ __forceinline__ double count_share(double part, double total) { return part / total; }
+
+// WelfordState::merge (Chan's formula), with the weight other.count / total computed by
+// count_share.
+template <typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> chan_merge(const WelfordState<acc_t>& a,
+                                                          const WelfordState<acc_t>& b) {
+  if (b.count == acc_t(0)) return a;
+  if (a.count == acc_t(0)) return b;
+  WelfordState<acc_t> out;
+  out.count = a.count + b.count;
+  const acc_t b_share = count_share(b.count, out.count);
+  const acc_t delta = b.mean - a.mean;
+  out.mean = a.mean + delta * b_share;
+  out.m2 = a.m2 + b.m2 + delta * delta * a.count * b_share;
+  return out;
+}
+
+// Chan merge of the 32 lanes' summaries in a fixed tree order, the same bits in every lane:
+// at each step the lane whose `mask` bit is clear is the left operand, so both partners
+// compute chan_merge(left, right) on the same operands.
+template <typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> warp_merge(WelfordState<acc_t> s) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int mask = 1; mask < kWarpSize; mask <<= 1) {
+    const WelfordState<acc_t> other = shfl_xor(s, mask);
+    const bool left = (lane & mask) == 0;
+    s = left ? chan_merge(s, other) : chan_merge(other, s);
+  }
+  return s;
+}
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace fusednorm::cuda

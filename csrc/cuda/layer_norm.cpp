@@ -1,0 +1,143 @@
+// LayerNorm forward and backward on CUDA: argument checks, outputs and workspace from
+// PyTorch's caching allocator, the input's device and current stream; the kernels are in
+// layer_norm_kernels.cuh, compiled per dtype in layer_norm_{fwd,bwd}_<dtype>.cu. Host code
+// only, compiled by the C++ compiler (no ATen headers pass through nvcc).
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cuda/layer_norm_launch.h"
+
+namespace fusednorm::cuda {
+namespace {
+
+// Byte buffers from the caching allocator, held until the op returns: the kernels that use
+// them are already enqueued on the current stream, which is what the allocator's reuse
+// follows (and what CUDA-graph capture records).
+class TensorWorkspace final : public Workspace {
+ public:
+  explicit TensorWorkspace(const at::Tensor& like) : options_(like.options().dtype(at::kByte)) {}
+
+  void* allocate(int64_t bytes) override {
+    buffers_.push_back(at::empty({bytes}, options_));
+    return buffers_.back().mutable_data_ptr();
+  }
+
+ private:
+  at::TensorOptions options_;
+  std::vector<at::Tensor> buffers_;
+};
+
+bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+template <typename P>
+const P* data_or_null(const std::optional<at::Tensor>& t) {
+  return present(t) ? t->const_data_ptr<P>() : nullptr;
+}
+
+void check_on_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), "fusednorm: ", name, " must be a CUDA tensor, got one on ",
+              t.device());
+}
+
+DeviceInfo device_info(const at::Tensor& t) {
+  const int index = t.device().index();
+  int sm_count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, index));
+  return {index, sm_count};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  check_on_cuda(input, "input");
+  check_layer_norm_fwd_args(input, weight, bias, eps);
+  const c10::cuda::OptionalCUDAGuard guard(input.device());
+  const int64_t M = input.size(0), N = input.size(1);
+  at::Tensor out = at::empty_like(input);
+  const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
+  at::Tensor mean = at::empty({M}, stats_options);
+  at::Tensor rstd = at::empty({M}, stats_options);
+  if (M == 0) return {out, mean, rstd};
+
+  TensorWorkspace workspace(input);
+  const DeviceInfo dev = device_info(input);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input),
+      [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type_t<T>;
+        const LayerNormFwdArgs<T, P> args{
+            input.const_data_ptr<T>(), data_or_null<P>(weight), data_or_null<P>(bias),
+            out.mutable_data_ptr<T>(), mean.mutable_data_ptr<acc_t>(),
+            rstd.mutable_data_ptr<acc_t>(), M, N, eps};
+        layer_norm_fwd_cuda(args, workspace, dev, stream);
+      });
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias) {
+  check_on_cuda(input, "input");
+  check_layer_norm_bwd_args(grad_out, input, mean, rstd, weight, bias);
+  const c10::cuda::OptionalCUDAGuard guard(input.device());
+  const int64_t M = input.size(0), N = input.size(1);
+  at::Tensor grad_input = at::empty_like(input);
+  at::Tensor grad_weight =
+      present(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
+  at::Tensor grad_bias =
+      present(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+  if (M == 0) {
+    // No rows: the parameter gradients are empty sums.
+    grad_weight.zero_();
+    grad_bias.zero_();
+    return {grad_input, grad_weight, grad_bias};
+  }
+  if (N == 0) return {grad_input, grad_weight, grad_bias};
+
+  TensorWorkspace workspace(input);
+  const DeviceInfo dev = device_info(input);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input),
+      [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type_t<T>;
+        const LayerNormBwdArgs<T, P> args{
+            grad_out.const_data_ptr<T>(),
+            input.const_data_ptr<T>(),
+            mean.const_data_ptr<acc_t>(),
+            rstd.const_data_ptr<acc_t>(),
+            data_or_null<P>(weight),
+            grad_input.mutable_data_ptr<T>(),
+            present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
+            present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
+            M,
+            N};
+        layer_norm_bwd_cuda(args, workspace, dev, stream);
+      });
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace
+}  // namespace fusednorm::cuda
+
+TORCH_LIBRARY_IMPL(fusednorm, CUDA, m) {
+  m.impl("layer_norm_fwd", &fusednorm::cuda::layer_norm_fwd);
+  m.impl("layer_norm_bwd", &fusednorm::cuda::layer_norm_bwd);
+}

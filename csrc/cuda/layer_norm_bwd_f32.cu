@@ -1,0 +1,13 @@
+// Backward LayerNorm for float32 inputs: instantiates
+// layer_norm_kernels.cuh (one file per pass and dtype, so the build runs in parallel).
+
+#include "cuda/layer_norm_kernels.cuh"
+
+namespace fusednorm::cuda {
+
+void layer_norm_bwd_cuda(const LayerNormBwdArgs<float, float>& args, Workspace& ws,
+                         DeviceInfo dev, cudaStream_t stream) {
+  layer_norm_bwd_impl(args, ws, dev, stream);
+}
+
+}  // namespace fusednorm::cuda

@@ -1,0 +1,841 @@
+#pragma once
+// LayerNorm forward and backward kernels and their launchers, included by the per-dtype
+// files layer_norm_{fwd,bwd}_<dtype>.cu, which instantiate them. Everything here has
+// internal linkage: each of those files holds its own copies of what it uses.
+//
+// Work layout. A row (or, for rows longer than a kernel holds, a chunk of a row) is handled
+// by TPR threads; thread t of a row holds the 16-byte packs t, t + TPR, ..., t + (ITEMS-1)*TPR
+// in registers between reading them and writing the result, so every element is read from
+// memory once. TPR and ITEMS come from a size bucket (tables below); a block of fewer than
+// 128 threads per row takes 128 / TPR rows side by side. Blocks stride over row groups
+// (grid.x) and chunks (grid.y), so no grid limit binds and offsets are int64.
+//
+// Rows that do not fit one kernel's registers are split into chunks: a first launch writes
+// per-chunk partial results (Welford summaries; backward sums), a small kernel merges each
+// row's chunks in a fixed order, and a second launch of the same kernel applies them.
+//
+// Inputs whose pointers are not 16-byte aligned or whose N is not a multiple of the pack
+// width take the same kernels with one-element packs (VEC = 1).
+
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <iterator>
+#include <type_traits>
+#include <utility>
+
+#include "common/welford.h"
+#include "cuda/device_utils.cuh"
+#include "cuda/layer_norm_launch.h"
+
+namespace fusednorm::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Size buckets
+
+struct Bucket {
+  int tpr;    // threads per row (a multiple of 32)
+  int items;  // packs per thread
+};
+
+// Forward, 16-byte packs: a warp per row up to 128 packs (1024 halves, 512 floats), then
+// more warps; 8 packs (128 bytes, 32 registers) per thread at most, so the largest bucket
+// holds 8192 packs: 65536 halves, 32768 floats, 16384 doubles per row.
+struct FwdVecBuckets {
+  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
+                                     {256, 4}, {512, 4}, {512, 8}, {1024, 8}};
+};
+// Forward, one element per pack (misaligned data or N not a multiple of the pack width).
+struct FwdScalarBuckets {
+  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {1024, 8}};
+};
+// Backward, 16-byte packs. A thread holds x and dy packs and fp32 dweight/dbias sums for
+// its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so
+// rows of at most 8192 elements (4096 doubles) fit, with two of them per multiprocessor.
+struct BwdVecBuckets16 {
+  static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}};
+};
+struct BwdVecBuckets32 {
+  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4}, {64, 4},
+                                     {128, 4}, {256, 4}, {512, 4}};
+};
+struct BwdScalarBuckets {
+  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 8}};
+};
+
+template <typename Table>
+constexpr int kNumBuckets = static_cast<int>(std::size(Table::kList));
+
+template <typename Table>
+constexpr int64_t bucket_capacity(int i) {
+  return int64_t(Table::kList[i].tpr) * Table::kList[i].items;
+}
+
+// How a row is cut: `chunks` chunks of `chunk` elements (the last may be shorter), each
+// handled by bucket `bucket`.
+struct RowSplit {
+  int bucket;
+  int64_t chunk;
+  int64_t chunks;
+};
+
+template <typename Table>
+RowSplit split_row(int64_t N, int vec) {
+  const int64_t packs = ceil_div(N, vec);
+  const int64_t largest = bucket_capacity<Table>(kNumBuckets<Table> - 1);
+  const int64_t chunks = std::max<int64_t>(1, ceil_div(packs, largest));
+  const int64_t packs_per_chunk = ceil_div(packs, chunks);
+  int bucket = kNumBuckets<Table> - 1;
+  for (int i = 0; i < kNumBuckets<Table>; ++i) {
+    if (bucket_capacity<Table>(i) >= packs_per_chunk) {
+      bucket = i;
+      break;
+    }
+  }
+  return {bucket, packs_per_chunk * vec, chunks};
+}
+
+// Calls fn(integral_constant<tpr>, integral_constant<items>) for the bucket `index` of Table:
+// the only place where a runtime bucket becomes template arguments, so exactly the buckets
+// of the tables are instantiated.
+template <typename Table, typename Fn, std::size_t... I>
+void visit_bucket_impl(int index, Fn& fn, std::index_sequence<I...>) {
+  (void)((index == static_cast<int>(I)
+              ? (fn(std::integral_constant<int, Table::kList[I].tpr>{},
+                    std::integral_constant<int, Table::kList[I].items>{}),
+                 true)
+              : false) ||
+         ...);
+}
+
+template <typename Table, typename Fn>
+void visit_bucket(int index, Fn&& fn) {
+  visit_bucket_impl<Table>(index, fn, std::make_index_sequence<kNumBuckets<Table>>{});
+}
+
+template <int TPR>
+struct RowLayout {
+  static_assert(TPR % kWarpSize == 0 && TPR <= 1024, "threads per row: a multiple of 32");
+  static constexpr int kBlock = TPR >= 128 ? TPR : 128;
+  static constexpr int kRows = kBlock / TPR;  // rows side by side in a block
+  static constexpr int kWarps = TPR / kWarpSize;  // warps per row
+};
+
+// Packs of 16 bytes for T.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+// ---------------------------------------------------------------------------------------
+// Device helpers
+
+__device__ __forceinline__ float fma_acc(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_acc(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+// Correctly rounded 1/sqrt(v) (no division: its slow-path call made the large buckets spill).
+__device__ __forceinline__ float inverse_sqrt(float v) { return __frsqrt_rn(v); }
+__device__ __forceinline__ double inverse_sqrt(double v) { return 1.0 / sqrt(v); }
+
+// Independent Welford summaries per thread: element e of a pack goes to lane e % kLanes.
+// More lanes shorten the dependent chains; four keep 8 registers for them.
+template <int VEC>
+constexpr int kWelfordLanes = VEC < 4 ? VEC : 4;
+
+// kLanes Welford summaries that have all seen `count` values, merged into one (Chan's
+// formula for equal counts: the mean of the means, and the spread of the means).
+template <int kLanes, typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> merge_lanes(const acc_t (&mean)[kLanes],
+                                                           const acc_t (&m2)[kLanes],
+                                                           int count) {
+  WelfordState<acc_t> s;
+  if (count == 0) return s;
+  acc_t mean_sum = 0, m2_sum = 0;
+#pragma unroll
+  for (int l = 0; l < kLanes; ++l) {
+    mean_sum += mean[l];
+    m2_sum += m2[l];
+  }
+  s.mean = mean_sum / acc_t(kLanes);
+  acc_t spread = 0;
+#pragma unroll
+  for (int l = 0; l < kLanes; ++l) {
+    const acc_t d = mean[l] - s.mean;
+    spread = fma_acc(d, d, spread);
+  }
+  s.m2 = fma_acc(acc_t(count), spread, m2_sum);
+  s.count = acc_t(count) * acc_t(kLanes);
+  return s;
+}
+
+// Merge of a row's summaries over its TPR threads, the same bits in every thread of the row.
+// red: this row's 3 * kWarps slots of shared memory, not read since the last barrier by any
+// thread (the callers alternate two buffers, so one barrier per reduction suffices).
+template <int kWarps, typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> row_merge(WelfordState<acc_t> s, acc_t* red) {
+  s = warp_merge(s);
+  if constexpr (kWarps > 1) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int warp = (threadIdx.x / kWarpSize) % kWarps;
+    if (lane == 0) {
+      red[3 * warp] = s.mean;
+      red[3 * warp + 1] = s.m2;
+      red[3 * warp + 2] = s.count;
+    }
+    __syncthreads();
+    WelfordState<acc_t> t;
+    if (lane < kWarps) {
+      t.mean = red[3 * lane];
+      t.m2 = red[3 * lane + 1];
+      t.count = red[3 * lane + 2];
+    }
+    s = warp_merge(t);  // lanes >= kWarps hold empty summaries, which merge exactly
+  }
+  return s;
+}
+
+// Sums of a and b over a row's TPR threads, the same bits in every thread of the row.
+template <int kWarps, typename acc_t>
+__device__ __forceinline__ void row_sum2(acc_t& a, acc_t& b, acc_t* red) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if constexpr (kWarps > 1) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int warp = (threadIdx.x / kWarpSize) % kWarps;
+    if (lane == 0) {
+      red[2 * warp] = a;
+      red[2 * warp + 1] = b;
+    }
+    __syncthreads();
+    a = warp_sum(lane < kWarps ? red[2 * lane] : acc_t(0));
+    b = warp_sum(lane < kWarps ? red[2 * lane + 1] : acc_t(0));
+  }
+}
+
+// What a launch of the row kernels does with its chunk of each row.
+enum RowMode : int {
+  kFull = 0,     // whole rows: statistics/sums in the block, then the output
+  kPartial = 1,  // chunks: write the chunk's Welford summary / backward sums only
+  kApply = 2,    // chunks: read the merged per-row values, write the output
+};
+
+// ---------------------------------------------------------------------------------------
+// Forward
+
+template <typename T, typename P>
+struct FwdParams {
+  using acc_t = acc_type_t<T>;
+  const T* x;
+  const P* weight;  // nullable
+  const P* bias;    // nullable
+  T* y;
+  acc_t* mean;
+  acc_t* rstd;
+  acc_t* partial;       // kPartial: [M, chunks, 3] (mean, m2, count) of x - shift
+  acc_t* shifted_mean;  // kApply: [M] mean of x - shift, shift = the row's first element
+  int64_t M, N;
+  int64_t chunk, chunks;
+  acc_t eps;
+  int mode;
+};
+
+// Statistics are taken of x - shift with shift = the row's first element (as the CPU
+// kernel does), so that a row far from zero (1e4 + noise) keeps the noise's precision;
+// mean = shift + mean(x - shift), y = (x - shift - mean(x - shift)) * rstd * w + b.
+// At most 64 registers (1024 threads per multiprocessor resident): the largest buckets
+// hold 32 registers of packs, and two of their blocks per multiprocessor let one block's
+// loads overlap the other's reductions.
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>::kBlock)
+    layer_norm_fwd_kernel(const FwdParams<T, P> p) {
+  using acc_t = acc_type_t<T>;
+  using Layout = RowLayout<TPR>;
+  __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
+
+  const int tid = threadIdx.x % TPR;
+  const int slot = threadIdx.x / TPR;
+  const int64_t groups = ceil_div(p.M, Layout::kRows);
+  int parity = 0;
+
+  for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
+    const int64_t col0 = c * p.chunk;
+    // Elements of this chunk (at most one bucket's capacity, so offsets in it fit an int).
+    const int len = static_cast<int>(std::min(p.chunk, p.N - col0));
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+      const int64_t row = g * Layout::kRows + slot;
+      const bool row_ok = row < p.M;
+      const int64_t row_start = row_ok ? row * p.N : 0;
+      const T* x = p.x + row_start + col0;
+
+      // Read this thread's packs; the valid ones are a prefix of the ITEMS.
+      Pack<T, VEC> xs[ITEMS];
+      int valid = 0;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        if (row_ok && off < len) {
+          xs[i] = load_pack<VEC>(x + off);
+          valid = i + 1;
+        }
+      }
+      const acc_t shift = row_ok && p.N > 0 ? to_acc(p.x[row_start]) : acc_t(0);
+
+      acc_t mean_s = 0, rstd = 0;
+      if (p.mode != kApply) {
+        // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
+        // packs in order, so every update's 1/count is a compile-time constant.
+        constexpr int kLanes = kWelfordLanes<VEC>;
+        acc_t lane_mean[kLanes], lane_m2[kLanes];
+#pragma unroll
+        for (int l = 0; l < kLanes; ++l) lane_mean[l] = lane_m2[l] = 0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          if (i < valid) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              constexpr int kPerPack = VEC / kLanes;
+              const int l = e % kLanes;
+              const acc_t inv_count = acc_t(1) / acc_t(i * kPerPack + e / kLanes + 1);
+              const acc_t v = to_acc(xs[i].v[e]) - shift;
+              const acc_t delta = v - lane_mean[l];
+              lane_mean[l] = fma_acc(delta, inv_count, lane_mean[l]);
+              lane_m2[l] = fma_acc(delta, v - lane_mean[l], lane_m2[l]);
+            }
+          }
+        }
+        const WelfordState<acc_t> s = row_merge<Layout::kWarps>(
+            merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), red[parity][slot]);
+        parity ^= 1;
+        if (p.mode == kPartial) {
+          if (row_ok && tid == 0) {
+            acc_t* out = p.partial + (row * p.chunks + c) * 3;
+            out[0] = s.mean;
+            out[1] = s.m2;
+            out[2] = s.count;
+          }
+          continue;
+        }
+        mean_s = s.mean;
+        rstd = inverse_sqrt(s.variance() + p.eps);
+        if (row_ok && tid == 0) {
+          p.mean[row] = shift + mean_s;
+          p.rstd[row] = rstd;
+        }
+      } else if (row_ok) {
+        mean_s = p.shifted_mean[row];
+        rstd = p.rstd[row];
+      }
+
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if (i < valid) {
+          const int off = (i * TPR + tid) * VEC;
+          const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - shift - mean_s) * rstd; };
+          // One branch per affine case, each loading what it uses: parameter packs that
+          // might be unset were unpacked element by element into separate registers.
+          Pack<T, VEC> out;
+          if (p.weight != nullptr && p.bias != nullptr) {
+            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
+            const Pack<P, VEC> b = load_pack<VEC>(p.bias + col0 + off);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              out.v[e] = static_cast<T>(fma_acc(xhat(e), to_acc(w.v[e]), to_acc(b.v[e])));
+            }
+          } else if (p.weight != nullptr) {
+            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e) * to_acc(w.v[e]));
+          } else if (p.bias != nullptr) {
+            const Pack<P, VEC> b = load_pack<VEC>(p.bias + col0 + off);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e) + to_acc(b.v[e]));
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e));
+          }
+          store_pack<VEC>(p.y + (row_start + col0) + off, out);
+        }
+      }
+    }
+  }
+}
+
+// Per row: merges the chunks' summaries (in chunk order within each lane, then a fixed
+// tree over lanes) and writes mean, rstd and the shifted mean for the apply pass. A warp
+// per row.
+template <typename T>
+__global__ void __launch_bounds__(128)
+    layer_norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, int64_t M,
+                                  int64_t N, int64_t chunks, acc_type_t<T> eps,
+                                  acc_type_t<T>* mean, acc_type_t<T>* rstd,
+                                  acc_type_t<T>* shifted_mean) {
+  using acc_t = acc_type_t<T>;
+  constexpr int kRowsPerBlock = 128 / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
+       row += int64_t(gridDim.x) * kRowsPerBlock) {
+    WelfordState<acc_t> s;
+    for (int64_t c = lane; c < chunks; c += kWarpSize) {
+      const acc_t* in = partial + (row * chunks + c) * 3;
+      WelfordState<acc_t> t;
+      t.mean = in[0];
+      t.m2 = in[1];
+      t.count = in[2];
+      s.merge(t);
+    }
+    s = warp_merge(s);
+    if (lane == 0) {
+      const acc_t shift = to_acc(x[row * N]);
+      mean[row] = shift + s.mean;
+      rstd[row] = inverse_sqrt(s.variance() + eps);
+      shifted_mean[row] = s.mean;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+//
+//   xhat = (x - mean) * rstd,  g = dy * w
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum(dy * xhat),  db = sum(dy)
+//
+// Each thread keeps fp32 sums of dy * xhat and dy for its own columns over all the rows its
+// block handles; at the end the block's row slots are added in slot order and the block
+// writes one row of partials [grid.x, N], which a last kernel sums over in row order.
+
+template <typename T, typename P>
+struct BwdParams {
+  using acc_t = acc_type_t<T>;
+  const T* dy;
+  const T* x;
+  const acc_t* mean;
+  const acc_t* rstd;
+  const P* weight;  // nullable
+  T* dx;
+  acc_t* dweight_part;  // nullable: [grid.x, N]
+  acc_t* dbias_part;    // nullable: [grid.x, N]
+  acc_t* row_part;      // kPartial: [M, chunks, 2] sums of g and g * xhat
+  const acc_t* row_coef;  // kApply: [M, 2] mean(g) and mean(g * xhat)
+  int64_t M, N;
+  int64_t chunk, chunks;
+  int mode;
+};
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
+    layer_norm_bwd_kernel(const BwdParams<T, P> p) {
+  using acc_t = acc_type_t<T>;
+  using Layout = RowLayout<TPR>;
+  __shared__ acc_t red[2][Layout::kRows][2 * Layout::kWarps];
+  // Slot s > 0's dweight/dbias sums for slot 0, laid out [s - 1][2 * VEC][TPR] (consecutive
+  // threads, consecutive words); one word when the block holds a single row.
+  __shared__ acc_t combine[Layout::kRows > 1 ? (Layout::kRows - 1) * 2 * VEC * TPR : 1];
+
+  const int tid = threadIdx.x % TPR;
+  const int slot = threadIdx.x / TPR;
+  const int64_t groups = ceil_div(p.M, Layout::kRows);
+  const bool param_grads =
+      p.mode != kPartial && (p.dweight_part != nullptr || p.dbias_part != nullptr);
+  int parity = 0;
+
+  for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
+    const int64_t col0 = c * p.chunk;
+    // Elements of this chunk (at most one bucket's capacity, so offsets in it fit an int).
+    const int len = static_cast<int>(std::min(p.chunk, p.N - col0));
+    acc_t dw[ITEMS][VEC], db[ITEMS][VEC];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) dw[i][e] = db[i][e] = 0;
+    }
+
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+      const int64_t row = g * Layout::kRows + slot;
+      const bool row_ok = row < p.M;
+      const int64_t base = (row_ok ? row * p.N : 0) + col0;
+      const T* x = p.x + base;
+      const T* dy = p.dy + base;
+
+      Pack<T, VEC> xs[ITEMS], dys[ITEMS];
+      int valid = 0;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        if (row_ok && off < len) {
+          xs[i] = load_pack<VEC>(x + off);
+          dys[i] = load_pack<VEC>(dy + off);
+          valid = i + 1;
+        }
+      }
+      const acc_t mean = row_ok ? p.mean[row] : acc_t(0);
+      const acc_t rstd = row_ok ? p.rstd[row] : acc_t(0);
+
+      acc_t mean_g = 0, mean_gx = 0;
+      if (p.mode != kApply) {
+        acc_t sum_g = 0, sum_gx = 0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          if (i < valid) {
+            // g(e, dy): dy * w, or dy without weight (one branch each, as in the forward).
+            const auto add = [&](auto g) {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                const acc_t xhat = (to_acc(xs[i].v[e]) - mean) * rstd;
+                const acc_t gv = g(e, to_acc(dys[i].v[e]));
+                sum_g += gv;
+                sum_gx = fma_acc(gv, xhat, sum_gx);
+              }
+            };
+            if (p.weight != nullptr) {
+              const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + (i * TPR + tid) * VEC);
+              add([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
+            } else {
+              add([](int, acc_t d) { return d; });
+            }
+          }
+        }
+        row_sum2<Layout::kWarps>(sum_g, sum_gx, red[parity][slot]);
+        parity ^= 1;
+        if (p.mode == kPartial) {
+          if (row_ok && tid == 0) {
+            acc_t* out = p.row_part + (row * p.chunks + c) * 2;
+            out[0] = sum_g;
+            out[1] = sum_gx;
+          }
+          continue;
+        }
+        mean_g = sum_g / acc_t(p.N);
+        mean_gx = sum_gx / acc_t(p.N);
+      } else if (row_ok) {
+        mean_g = p.row_coef[2 * row];
+        mean_gx = p.row_coef[2 * row + 1];
+      }
+
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if (i < valid) {
+          const int off = (i * TPR + tid) * VEC;
+          Pack<T, VEC> out;
+          const auto apply = [&](auto g) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              const acc_t xhat = (to_acc(xs[i].v[e]) - mean) * rstd;
+              const acc_t d = to_acc(dys[i].v[e]);
+              out.v[e] = static_cast<T>(rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g));
+              dw[i][e] = fma_acc(d, xhat, dw[i][e]);
+              db[i][e] += d;
+            }
+          };
+          if (p.weight != nullptr) {
+            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
+            apply([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
+          } else {
+            apply([](int, acc_t d) { return d; });
+          }
+          store_pack<VEC>(p.dx + base + off, out);
+        }
+      }
+    }
+
+    if (param_grads) {
+      if constexpr (Layout::kRows > 1) {
+        // Add the other row slots' sums to slot 0's, in slot order.
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          __syncthreads();
+          if (slot > 0) {
+            acc_t* mine = combine + (slot - 1) * 2 * VEC * TPR;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              mine[e * TPR + tid] = dw[i][e];
+              mine[(VEC + e) * TPR + tid] = db[i][e];
+            }
+          }
+          __syncthreads();
+          if (slot == 0) {
+            for (int s = 0; s < Layout::kRows - 1; ++s) {
+              const acc_t* theirs = combine + s * 2 * VEC * TPR;
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                dw[i][e] += theirs[e * TPR + tid];
+                db[i][e] += theirs[(VEC + e) * TPR + tid];
+              }
+            }
+          }
+        }
+      }
+      if (slot == 0) {
+        const int64_t part_base = int64_t(blockIdx.x) * p.N + col0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          const int off = (i * TPR + tid) * VEC;
+          if (off < len) {
+            Pack<acc_t, VEC> w_out, b_out;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              w_out.v[e] = dw[i][e];
+              b_out.v[e] = db[i][e];
+            }
+            if (p.dweight_part != nullptr) store_pack<VEC>(p.dweight_part + part_base + off, w_out);
+            if (p.dbias_part != nullptr) store_pack<VEC>(p.dbias_part + part_base + off, b_out);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Per row: sums the chunks' (sum g, sum g * xhat) in a fixed order and writes their means.
+// A warp per row.
+template <typename acc_t>
+__global__ void __launch_bounds__(128)
+    layer_norm_merge_sums_kernel(const acc_t* row_part, int64_t M, int64_t N, int64_t chunks,
+                                 acc_t* row_coef) {
+  constexpr int kRowsPerBlock = 128 / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
+       row += int64_t(gridDim.x) * kRowsPerBlock) {
+    acc_t sum_g = 0, sum_gx = 0;
+    for (int64_t c = lane; c < chunks; c += kWarpSize) {
+      sum_g += row_part[(row * chunks + c) * 2];
+      sum_gx += row_part[(row * chunks + c) * 2 + 1];
+    }
+    sum_g = warp_sum(sum_g);
+    sum_gx = warp_sum(sum_gx);
+    if (lane == 0) {
+      row_coef[2 * row] = sum_g / acc_t(N);
+      row_coef[2 * row + 1] = sum_gx / acc_t(N);
+    }
+  }
+}
+
+// out[j] = sum over r of part[r, j], r in a fixed order (32 strided partial sums, then
+// those in order), rounded once to P. Blocks of 32 columns x 32 partial sums.
+template <typename acc_t, typename P>
+__global__ void __launch_bounds__(1024)
+    sum_partial_rows_kernel(const acc_t* part, int64_t rows, int64_t N, P* out) {
+  __shared__ acc_t tile[kWarpSize][kWarpSize + 1];
+  const int tx = threadIdx.x % kWarpSize;
+  const int ty = threadIdx.x / kWarpSize;
+  for (int64_t col0 = int64_t(blockIdx.x) * kWarpSize; col0 < N;
+       col0 += int64_t(gridDim.x) * kWarpSize) {
+    const int64_t col = col0 + tx;
+    acc_t sum = 0;
+    if (col < N) {
+#pragma unroll 4
+      for (int64_t r = ty; r < rows; r += kWarpSize) sum += part[r * N + col];
+    }
+    tile[ty][tx] = sum;
+    __syncthreads();
+    if (ty == 0 && col < N) {
+      acc_t total = 0;
+#pragma unroll
+      for (int k = 0; k < kWarpSize; ++k) total += tile[k][tx];
+      out[col] = static_cast<P>(total);
+    }
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Launchers: one small host function per kernel, each followed by its launch check.
+
+constexpr int kMaxCachedDevices = 64;
+
+// Blocks of `kernel` resident per multiprocessor, cached per device in `cache` (the
+// occupancy query runs once per kernel and device, before any graph capture that warms up).
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int threads, DeviceInfo dev, std::atomic<int>* cache) {
+  const bool cacheable = dev.index >= 0 && dev.index < kMaxCachedDevices;
+  if (cacheable) {
+    const int known = cache[dev.index].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+  blocks = std::max(blocks, 1);
+  if (cacheable) cache[dev.index].store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
+// A grid that fills the device once: chunks on y (capped at the limit), row groups on x.
+dim3 row_grid(int64_t groups, int64_t chunks, int64_t resident_blocks) {
+  const int64_t gy = std::min<int64_t>(chunks, 65535);
+  const int64_t gx =
+      std::clamp<int64_t>(resident_blocks / gy, 1, std::max<int64_t>(1, std::min<int64_t>(groups, INT_MAX)));
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+}
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+dim3 fwd_grid(const FwdParams<T, P>& p, DeviceInfo dev) {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  constexpr int kBlock = RowLayout<TPR>::kBlock;
+  const int per_sm =
+      blocks_per_sm(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS>, kBlock, dev, cache);
+  return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
+}
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
+  layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS><<<grid, RowLayout<TPR>::kBlock, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
+  return static_cast<unsigned>(
+      std::clamp<int64_t>(ceil_div(M, 128 / kWarpSize), 1, int64_t(dev.sm_count) * 16));
+}
+
+template <typename T, typename P>
+void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
+  layer_norm_merge_stats_kernel<T><<<warp_per_row_grid(p.M, dev), 128, 0, stream>>>(
+      p.partial, p.x, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd, p.shifted_mean);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename P, int VEC, typename Table>
+void run_fwd(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+             cudaStream_t stream) {
+  using acc_t = acc_type_t<T>;
+  const RowSplit split = split_row<Table>(a.N, VEC);
+  FwdParams<T, P> p{};
+  p.x = a.x;
+  p.weight = a.weight;
+  p.bias = a.bias;
+  p.y = a.y;
+  p.mean = a.mean;
+  p.rstd = a.rstd;
+  p.M = a.M;
+  p.N = a.N;
+  p.chunk = split.chunk;
+  p.chunks = split.chunks;
+  p.eps = static_cast<acc_t>(a.eps);
+  visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
+    constexpr int kTpr = decltype(tpr)::value;
+    constexpr int kItems = decltype(items)::value;
+    const dim3 grid = fwd_grid<T, P, VEC, kTpr, kItems>(p, dev);
+    if (split.chunks == 1) {
+      p.mode = kFull;
+      launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+      return;
+    }
+    p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
+    p.shifted_mean = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
+    p.mode = kPartial;
+    launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+    launch_merge_stats(p, dev, stream);
+    p.mode = kApply;
+    launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+  });
+}
+
+template <typename T, typename P>
+void layer_norm_fwd_impl(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                         cudaStream_t stream) {
+  if (a.M == 0) return;
+  const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
+                          is_16b_aligned(a.weight) && is_16b_aligned(a.bias);
+  if (vectorized) {
+    run_fwd<T, P, kVec<T>, FwdVecBuckets>(a, ws, dev, stream);
+  } else {
+    run_fwd<T, P, 1, FwdScalarBuckets>(a, ws, dev, stream);
+  }
+}
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+dim3 bwd_grid(const BwdParams<T, P>& p, DeviceInfo dev) {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  constexpr int kBlock = RowLayout<TPR>::kBlock;
+  const int per_sm =
+      blocks_per_sm(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS>, kBlock, dev, cache);
+  return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
+}
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
+  layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS><<<grid, RowLayout<TPR>::kBlock, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename P>
+void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
+                       cudaStream_t stream) {
+  layer_norm_merge_sums_kernel<acc_type_t<T>><<<warp_per_row_grid(p.M, dev), 128, 0, stream>>>(
+      p.row_part, p.M, p.N, p.chunks, row_coef);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename acc_t, typename P>
+void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t N, P* out, DeviceInfo dev,
+                             cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<int64_t>(ceil_div(N, kWarpSize), 1, int64_t(dev.sm_count) * 2));
+  sum_partial_rows_kernel<acc_t, P><<<blocks, kWarpSize * kWarpSize, 0, stream>>>(part, rows, N, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename P, int VEC, typename Table>
+void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+             cudaStream_t stream) {
+  using acc_t = acc_type_t<T>;
+  const RowSplit split = split_row<Table>(a.N, VEC);
+  BwdParams<T, P> p{};
+  p.dy = a.dy;
+  p.x = a.x;
+  p.mean = a.mean;
+  p.rstd = a.rstd;
+  p.weight = a.weight;
+  p.dx = a.dx;
+  p.M = a.M;
+  p.N = a.N;
+  p.chunk = split.chunk;
+  p.chunks = split.chunks;
+  visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
+    constexpr int kTpr = decltype(tpr)::value;
+    constexpr int kItems = decltype(items)::value;
+    const dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems>(p, dev);
+    const int64_t part_bytes = int64_t(grid.x) * a.N * int64_t(sizeof(acc_t));
+    acc_t* dweight_part = a.dweight != nullptr ? static_cast<acc_t*>(ws.allocate(part_bytes)) : nullptr;
+    acc_t* dbias_part = a.dbias != nullptr ? static_cast<acc_t*>(ws.allocate(part_bytes)) : nullptr;
+    if (split.chunks == 1) {
+      p.mode = kFull;
+    } else {
+      p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 2 * int64_t(sizeof(acc_t))));
+      acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * 2 * int64_t(sizeof(acc_t))));
+      p.mode = kPartial;
+      launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+      launch_merge_sums(p, row_coef, dev, stream);
+      p.row_coef = row_coef;
+      p.mode = kApply;
+    }
+    p.dweight_part = dweight_part;
+    p.dbias_part = dbias_part;
+    launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+    if (dweight_part != nullptr) launch_sum_partial_rows(dweight_part, grid.x, a.N, a.dweight, dev, stream);
+    if (dbias_part != nullptr) launch_sum_partial_rows(dbias_part, grid.x, a.N, a.dbias, dev, stream);
+  });
+}
+
+// Bigger rows per register file for inputs of 4 and 8 bytes (see the bucket tables).
+template <typename T>
+using BwdVecBuckets = std::conditional_t<sizeof(T) == 2, BwdVecBuckets16, BwdVecBuckets32>;
+
+template <typename T, typename P>
+void layer_norm_bwd_impl(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                         cudaStream_t stream) {
+  // M == 0 (gradients are zeros) and N == 0 (nothing to compute) are settled by the caller.
+  if (a.M == 0 || a.N == 0) return;
+  const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.dy) &&
+                          is_16b_aligned(a.dx) && is_16b_aligned(a.weight);
+  if (vectorized) {
+    run_bwd<T, P, kVec<T>, BwdVecBuckets<T>>(a, ws, dev, stream);
+  } else {
+    run_bwd<T, P, 1, BwdScalarBuckets>(a, ws, dev, stream);
+  }
+}
+
+}  // namespace
+}  // namespace fusednorm::cuda
