@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <tuple>
 #include <vector>
 
@@ -50,10 +51,18 @@ void check_on_cuda(const at::Tensor& t, const char* name) {
               t.device());
 }
 
+// The multiprocessor count of t's device, queried once per device (so that a graph capture
+// after a warm-up makes no CUDA API call at all besides the launches).
 DeviceInfo device_info(const at::Tensor& t) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> sm_counts[kCachedDevices];
   const int index = t.device().index();
-  int sm_count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, index));
+  const bool cacheable = index >= 0 && index < kCachedDevices;
+  int sm_count = cacheable ? sm_counts[index].load(std::memory_order_relaxed) : 0;
+  if (sm_count == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, index));
+    if (cacheable) sm_counts[index].store(sm_count, std::memory_order_relaxed);
+  }
   return {index, sm_count};
 }
 

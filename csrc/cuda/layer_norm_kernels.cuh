@@ -55,8 +55,9 @@ struct FwdScalarBuckets {
   static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {1024, 8}};
 };
 // Backward, 16-byte packs. A thread holds x and dy packs and fp32 dweight/dbias sums for
-// its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so
-// rows of at most 8192 elements (4096 doubles) fit, with two of them per multiprocessor.
+// its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so a
+// row of 8192 elements (4096 doubles) takes about half a multiprocessor's registers; 16-bit
+// inputs stop at 256 threads x 4 packs (about 128 registers a thread, two rows resident).
 struct BwdVecBuckets16 {
   static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}};
 };
@@ -245,9 +246,9 @@ struct FwdParams {
 // Statistics are taken of x - shift with shift = the row's first element (as the CPU
 // kernel does), so that a row far from zero (1e4 + noise) keeps the noise's precision;
 // mean = shift + mean(x - shift), y = (x - shift - mean(x - shift)) * rstd * w + b.
-// At most 64 registers (1024 threads per multiprocessor resident): the largest buckets
-// hold 32 registers of packs, and two of their blocks per multiprocessor let one block's
-// loads overlap the other's reductions.
+// At most 64 registers per thread, so that 1024 threads per multiprocessor stay resident
+// whatever the bucket (the largest hold 32 registers of packs): several rows in flight per
+// multiprocessor let one row's loads overlap another's reductions.
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>::kBlock)
     layer_norm_fwd_kernel(const FwdParams<T, P> p) {
