@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import fusednorm
 from fusednorm import reference
-from conftest import ATOL, HAS_CUDA, assert_close_three_way, random_input
+from conftest import HAS_CUDA, assert_close_three_way, random_input
 from test_layer_norm import check_forward_backward, make_params
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
