@@ -173,7 +173,10 @@ def measurement_notes(device: torch.device) -> list[str]:
     return [
         f"Timing: {timing}. GB/s counts the minimal bytes of the pass (fwd: x, w, b, y, "
         "mean, rstd; bwd: x, dy, mean, rstd, w, dx, dw, db); % copy is that over the copy "
-        "bandwidth; × torch is torch's time over the provider's.",
+        "bandwidth; × torch is torch's time over the provider's. peak_mem_mb (JSON): the "
+        "allocator's peak above what was allocated before the call"
+        + (" (CPU: from the profiler's allocation events)" if device.type == "cpu" else "")
+        + ".",
         "Every provider was checked against a float64 reference before it was timed.",
     ]
 

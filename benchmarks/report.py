@@ -121,10 +121,11 @@ def plot(result: dict, path: Path, x_key: Callable[[dict], str], y_key: str, y_l
             ax.set_ylabel(y_label, fontsize=8)
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle(f"{result['suite']} on {result['device']} ({result['commit'][:12]})",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
