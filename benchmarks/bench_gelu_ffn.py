@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     result = runner.run(settings, builders, providers_per_case=len(names))
     notes += measurement_notes(device)
     md = report.markdown(result, ["dtype", "M", "N", "hidden"],
-                         [report.MS, report.TFLOPS, report.SPEEDUP, report.PEAK], notes)
+                         [report.MS, report.TFLOPS, report.SPEEDUP.without(FLOOR),
+                          report.PEAK.without(FLOOR)], notes)
     folder = report.write(
         result, cli.out_root(args), md,
         lambda path: report.plot(result, path, lambda r: f"d={r['N']}", "tflops", "TFLOP/s"),

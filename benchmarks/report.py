@@ -2,6 +2,7 @@
 by side) and <suite>.png, under <out>/<device-slug>/."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,10 @@ class Column:
 
     title: str
     cell: Callable[[dict, dict | None], str]  # (row, the torch row of the same case)
-    skip_baseline: bool = False  # e.g. the speedup over torch of torch itself
+    skip: frozenset[str] = frozenset()  # providers without this column
+
+    def without(self, *providers: str) -> "Column":
+        return dataclasses.replace(self, skip=self.skip | set(providers))
 
 
 def _fmt(value, spec: str) -> str:
@@ -33,7 +37,8 @@ TFLOPS = Column(
     + ("" if r.get("pct_of_gemm") is None else f" ({r['pct_of_gemm']:.0f}%)"),
 )
 SPEEDUP = Column(
-    "× torch", lambda r, b: "–" if b is None else f"{b['ms'] / r['ms']:.2f}×", skip_baseline=True
+    "× torch", lambda r, b: "–" if b is None else f"{b['ms'] / r['ms']:.2f}×",
+    skip=frozenset({BASELINE}),
 )
 PEAK = Column("peak MiB", lambda r, b: _fmt(r["peak_mem_mb"], ".1f"))
 
@@ -70,8 +75,7 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
         rows = [r for r in result["rows"] if r["pass"] == pass_name]
         header = list(case_keys)
         for column in columns:
-            header += [f"{p} {column.title}" for p in providers
-                       if not (column.skip_baseline and p == BASELINE)]
+            header += [f"{p} {column.title}" for p in providers if p not in column.skip]
         lines += ["", f"## {pass_name}", "", "| " + " | ".join(header) + " |",
                   "|" + "---|" * len(case_keys) + "--:|" * (len(header) - len(case_keys))]
         for key, by_provider in _case_fields(rows, case_keys).items():
@@ -79,7 +83,7 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
             baseline = by_provider.get(BASELINE)
             for column in columns:
                 for p in providers:
-                    if column.skip_baseline and p == BASELINE:
+                    if p in column.skip:
                         continue
                     row = by_provider.get(p)
                     cells.append("n/a" if row is None else column.cell(row, baseline))

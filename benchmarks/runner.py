@@ -187,7 +187,8 @@ def run(
     if busy:
         settings.notes.append(busy)
         print(f"[{settings.suite}] warning: {busy}", file=sys.stderr)
-    copy_start = harness.copy_bandwidth_gbps(device)
+    copy_budget = min(0.5, max(0.1, settings.budget_s))
+    copy_start = harness.copy_bandwidth_gbps(device, copy_budget)
     rows: list[dict] = []
     total = len(case_builders) * providers_per_case * len(settings.passes)
     with tqdm(total=total, desc=settings.suite, unit="timing", file=sys.stderr,
@@ -212,7 +213,7 @@ def run(
                     bar.update(1)
                 del per_provider
             del case, good
-    copy_end = harness.copy_bandwidth_gbps(device)
+    copy_end = harness.copy_bandwidth_gbps(device, copy_budget)
     settings.notes.extend(harness.notes())
     # The ceiling is the better of the two probes, taken before and after the cases.
     result["copy_gbps"] = _sig(max(copy_start, copy_end))
