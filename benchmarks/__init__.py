@@ -1,0 +1,1 @@
+"""fusednorm's benchmark suites (`python -m benchmarks`); results land in benchmarks/results/."""

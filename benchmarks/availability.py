@@ -1,0 +1,51 @@
+"""Whether fusednorm (and peers) can really run a suite here. A fusednorm without compiled
+kernels for the device would silently run its plain-PyTorch reference: benchmarking that
+under fusednorm's name would be wrong, so such a provider is skipped with the reason."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+_DISPATCH_KEY = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def _registered_ops(device: torch.device) -> list[str]:
+    key = _DISPATCH_KEY.get(device.type)
+    if key is None:
+        return []
+    return [n for n in torch._C._dispatch_get_registrations_for_dispatch_key(key)
+            if n.startswith("fusednorm::")]
+
+
+def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str | None:
+    """None when fusednorm.<api> exists and ops fusednorm::<op_prefix>* have compiled
+    kernels for the device; otherwise why the fusednorm provider cannot be benchmarked."""
+    try:
+        import fusednorm
+    except ImportError as error:
+        return f"fusednorm is not importable: {error}"
+    where = Path(fusednorm.__file__).parent
+    if not hasattr(fusednorm, api):
+        return f"fusednorm.{api} does not exist in this build (imported from {where})"
+    if any(n.startswith(f"fusednorm::{op_prefix}") for n in _registered_ops(device)):
+        return None
+    info = fusednorm.build_info()
+    why = info.get("load_error") or f"no compiled {device.type} kernel for fusednorm::{op_prefix}*"
+    hint = ""
+    if info.get("load_error") and "not compiled" in info["load_error"]:
+        hint = (" (the source tree shadows the installed package when run from the repository"
+                " root: build in place with `python setup.py build_ext --inplace`"
+                " or install with `pip install -e .`)")
+    return f"fusednorm imported from {where} cannot run on {device.type}: {why}{hint}"
+
+
+@functools.cache
+def liger_layer_norm():
+    """Liger-Kernel's LigerLayerNormFunction, or None when Liger is not importable."""
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except Exception:  # ImportError, or a Triton/driver error at import
+        return None
+    return LigerLayerNormFunction

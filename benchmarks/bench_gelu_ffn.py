@@ -1,0 +1,211 @@
+"""Suite `gelu_ffn`: fusednorm's GELU feed-forward block y = W2·gelu(W1·x + b1) + b2
+against eager nn.Sequential(Linear, GELU, Linear), torch.compile of it, and the same two
+GEMMs alone without bias or activation (the floor: pct_of_gemm), fwd / bwd / fwd+bwd.
+
+    python -m benchmarks.bench_gelu_ffn [--device cpu] [--dtypes bf16] [--quick] ...
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks import availability, cli, harness, report, runner
+
+try:
+    import fusednorm
+except ImportError:  # reported by availability.fusednorm_skip_reason
+    fusednorm = None
+
+SUITE = "gelu_ffn"
+PROVIDERS = ["fusednorm", "torch", "torch.compile", "gemm-only"]
+FLOOR = "gemm-only"
+APPROXIMATE = "none"
+
+# Issue 4: M = 8192 tokens, hidden = 4 d. The CPU default is smaller to fit a few minutes.
+GPU_TOKENS, GPU_DS = 8192, [768, 1024, 2048, 4096]
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+CPU_TOKENS, CPU_DS = 2048, [768, 1024]
+CPU_DTYPES = [torch.float32]
+
+
+def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int, int]]:
+    if device.type == "cpu":
+        tokens, ds = (1024, CPU_DS[:1]) if quick else (CPU_TOKENS, CPU_DS)
+    else:
+        tokens, ds = (GPU_TOKENS, [1024]) if quick else (GPU_TOKENS, GPU_DS)
+    return [(tokens, d, 4 * d) for d in ds]
+
+
+def default_dtypes(device: torch.device, quick: bool) -> list[torch.dtype]:
+    if device.type == "cpu":
+        return CPU_DTYPES
+    return GPU_DTYPES[:1] if quick else GPU_DTYPES
+
+
+def minimal_bytes(M: int, d: int, h: int, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes each pass must move at least: fwd reads x, W1, b1, W2, b2 and writes y and the
+    pre-activation (saved for backward); bwd reads dy, x, the pre-activation, W1, W2 and
+    writes dx, dW1, db1, dW2, db2."""
+    size = torch.finfo(dtype).bits // 8
+    weights = 2 * h * d
+    fwd = size * (2 * M * d + weights + h + d + M * h)
+    bwd = size * (3 * M * d + M * h + 2 * weights + h + d)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
+
+
+def gemm_flops(M: int, d: int, h: int) -> dict[str, int]:
+    """Multiply-adds x2 of the GEMMs: two forward, four backward (dx, dW1, dh, dW2)."""
+    one = 2 * M * d * h
+    return {"fwd": 2 * one, "bwd": 4 * one, "fwd+bwd": 6 * one}
+
+
+def _fusednorm_provider(eager: nn.Sequential, d: int, h: int, dtype, device) -> runner.Provider:
+    """FusedGeluFFN with eager's weights when the module exists, else the functional form
+    on eager's own parameters."""
+    fc1, fc2 = eager[0], eager[2]
+    if hasattr(fusednorm, "FusedGeluFFN"):
+        module = fusednorm.FusedGeluFFN(d, h, approximate=APPROXIMATE, device=device, dtype=dtype)
+        module.load_state_dict({"fc1.weight": fc1.weight, "fc1.bias": fc1.bias,
+                                "fc2.weight": fc2.weight, "fc2.bias": fc2.bias})
+        params = [module.fc1.weight, module.fc1.bias, module.fc2.weight, module.fc2.bias]
+        return runner.Provider("fusednorm", module, params)
+    params = [fc1.weight, fc1.bias, fc2.weight, fc2.bias]
+    return runner.Provider(
+        "fusednorm",
+        lambda x: fusednorm.gelu_ffn(x, *params, approximate=APPROXIMATE),
+        params,
+    )
+
+
+def _providers(names, eager: nn.Sequential, d, h, dtype, device) -> list[runner.Provider]:
+    params = [eager[0].weight, eager[0].bias, eager[2].weight, eager[2].bias]
+    w1, w2 = eager[0].weight, eager[2].weight
+    makers = {
+        "fusednorm": lambda: _fusednorm_provider(eager, d, h, dtype, device),
+        "torch": lambda: runner.Provider("torch", eager, params),
+        # Specialised to the case's shape; the runner resets dynamo between cases.
+        "torch.compile": lambda: runner.Provider(
+            "torch.compile", torch.compile(eager, dynamic=False), params),
+        FLOOR: lambda: runner.Provider(
+            FLOOR, lambda x: F.linear(F.linear(x, w1), w2), [w1, w2], check=False),
+    }
+    return [makers[name]() for name in names]
+
+
+def case_builder(M: int, d: int, h: int, dtype: torch.dtype, device: torch.device, names):
+    """A callable that allocates and returns the Case (deferred, so one case lives at a time)."""
+
+    def build() -> runner.Case:
+        torch.manual_seed(0)
+        eager = nn.Sequential(nn.Linear(d, h), nn.GELU(approximate=APPROXIMATE),
+                              nn.Linear(h, d)).to(device=device, dtype=dtype)
+        size = torch.finfo(dtype).bits // 8
+        sets = harness.input_sets_needed(2 * M * d * size, device)
+        inputs = [(torch.randn(M, d, device=device).to(dtype).requires_grad_(),
+                   torch.randn(M, d, device=device).to(dtype)) for _ in range(sets)]
+
+        def reference() -> list[torch.Tensor]:
+            x, dy = inputs[0]
+            model = copy.deepcopy(eager).double()
+            x64 = x.detach().double().requires_grad_()
+            leaves = [x64, model[0].weight, model[0].bias, model[2].weight, model[2].bias]
+            y = model(x64)
+            return [y.detach(), *torch.autograd.grad(y, leaves, dy.double())]
+
+        return runner.Case(
+            dtype=dtype, fields={"M": M, "N": d, "hidden": h}, inputs=inputs,
+            providers=_providers(names, eager, d, h, dtype, device), reference=reference,
+            output_names=["y", "dx", "dweight1", "dbias1", "dweight2", "dbias2"],
+            bytes=minimal_bytes(M, d, h, dtype), flops=gemm_flops(M, d, h),
+        )
+
+    return build
+
+
+def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str]:
+    """wanted minus those that cannot run here, each absence explained in notes."""
+    usable = []
+    for name in wanted:
+        if name not in PROVIDERS:
+            raise SystemExit(f"unknown provider {name!r}; choose among {PROVIDERS}")
+        reason = None
+        if name == "fusednorm":
+            reason = availability.fusednorm_skip_reason(device, "gelu_ffn", "gelu_ffn")
+        if reason is None:
+            usable.append(name)
+        else:
+            notes.append(f"{name} not benchmarked: {reason}")
+    return usable
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
+    """Runs the suite as args say; returns (results object, Markdown, results folder)."""
+    device = cli.resolve_device(args.device)
+    shapes = [s if len(s) == 3 else (s[0], s[1], 4 * s[1])
+              for s in (args.shapes or default_shapes(device, args.quick))]
+    dtypes = args.dtypes or default_dtypes(device, args.quick)
+    notes: list[str] = []
+    names = usable_providers(args.providers, device, notes)
+    for note in notes:
+        print(f"[{SUITE}] {note}", file=sys.stderr)
+    settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),
+                               floor_provider=FLOOR, notes=notes)
+    builders = [case_builder(M, d, h, dtype, device, names)
+                for dtype in dtypes for M, d, h in shapes]
+    result = runner.run(settings, builders, providers_per_case=len(names))
+    notes += measurement_notes(device)
+    md = report.markdown(result, ["dtype", "M", "N", "hidden"],
+                         [report.MS, report.TFLOPS, report.SPEEDUP.without(FLOOR),
+                          report.PEAK.without(FLOOR)], notes)
+    folder = report.write(
+        result, cli.out_root(args), md,
+        lambda path: report.plot(result, path, lambda r: f"d={r['N']}", "tflops", "TFLOP/s"),
+    )
+    return result, md, folder
+
+
+def measurement_notes(device: torch.device) -> list[str]:
+    if device.type == "cuda":
+        timing = "triton.testing.do_bench (CUDA events, L2 flushed before each call)"
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        timing += f"; torch.backends.cuda.matmul.allow_tf32={tf32}"
+    else:
+        timing = (f"torch.utils.benchmark.Timer.blocked_autorange on {torch.get_num_threads()} "
+                  "threads, 20/80 quantiles over blocks")
+    memory = ("peak MiB: PyTorch allocator's peak above what was allocated before the call"
+              + (" (CPU: from the profiler's allocation events; MKL/oneDNN scratch unseen)"
+                 if device.type == "cpu" else ""))
+    return [
+        f"Timing: {timing}. M = tokens, N = d_model, hidden = 4·N, GELU exact (erf). "
+        "TFLOP/s counts the GEMMs' flops only (fwd 4·M·N·hidden, bwd 8·M·N·hidden); % GEMM "
+        "is the time of the same GEMMs alone (gemm-only: no bias, no activation) over the "
+        "provider's time; × torch is eager's time over the provider's; " + memory + ".",
+        "Every provider but gemm-only was checked against a float64 reference before it "
+        "was timed.",
+    ]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_common_arguments(p)
+    cli.add_suite_arguments(p, PROVIDERS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    result, md, folder = run(parser().parse_args(argv))
+    print(md)
+    print(f"results written to {folder}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

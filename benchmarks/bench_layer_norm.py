@@ -1,0 +1,198 @@
+"""Suite `layer_norm`: fusednorm vs torch.nn.functional.layer_norm, torch.compile of it and
+Liger-Kernel (GPU, when importable), fwd / bwd / fwd+bwd, judged by the minimal bytes each
+pass must move against the copy bandwidth measured in the same run.
+
+    python -m benchmarks.bench_layer_norm [--device cpu] [--dtypes bf16] [--quick] ...
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import availability, cli, harness, report, runner
+
+try:
+    import fusednorm
+except ImportError:  # reported by availability.fusednorm_skip_reason
+    fusednorm = None
+
+SUITE = "layer_norm"
+PROVIDERS = ["fusednorm", "torch", "torch.compile", "liger"]
+EPS = 1e-5
+
+# Issue 2's CPU targets; on the GPU, M*N >= 2^26 elements so that nothing sits in L2.
+CPU_SHAPES = [(4096, 1024), (1024, 4096), (8192, 768)]
+CPU_DTYPES = [torch.float32, torch.bfloat16]
+GPU_NS = [768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536]
+GPU_ELEMENTS = 1 << 26
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int]]:
+    if device.type == "cpu":
+        return CPU_SHAPES[:1] if quick else CPU_SHAPES
+    ns = [1024, 4096, 16384] if quick else GPU_NS
+    return [(math.ceil(GPU_ELEMENTS / n), n) for n in ns]
+
+
+def default_dtypes(device: torch.device, quick: bool) -> list[torch.dtype]:
+    if device.type == "cpu":
+        return CPU_DTYPES
+    return GPU_DTYPES[:1] if quick else GPU_DTYPES
+
+
+def minimal_bytes(M: int, N: int, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes each pass must move at least: fwd reads x, w, b and writes y, mean, rstd;
+    bwd reads x, dy, mean, rstd, w and writes dx, dw, db."""
+    size = torch.finfo(dtype).bits // 8
+    stats = 2 * M * (8 if dtype == torch.float64 else 4)
+    fwd = 2 * M * N * size + 2 * N * size + stats
+    bwd = 3 * M * N * size + stats + 3 * N * size
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
+
+
+def _layer_norm(x, weight, bias):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, EPS)
+
+
+def _fusednorm_layer_norm(x, weight, bias):
+    return fusednorm.layer_norm(x, x.shape[-1:], weight, bias, EPS)
+
+
+def _liger_layer_norm(x, weight, bias):
+    return availability.liger_layer_norm().apply(x, weight, bias, EPS)
+
+
+# Specialised to each case's shape (dynamic=False): the strongest torch.compile baseline.
+# The runner resets dynamo between cases, so the cache never hits its recompile limit.
+FUNCTIONS = {
+    "fusednorm": _fusednorm_layer_norm,
+    "torch": _layer_norm,
+    "torch.compile": torch.compile(_layer_norm, dynamic=False),
+    "liger": _liger_layer_norm,
+}
+
+
+def case_builder(M: int, N: int, dtype: torch.dtype, device: torch.device, names):
+    """A callable that allocates and returns the Case (deferred, so one case lives at a time)."""
+
+    def build() -> runner.Case:
+        torch.manual_seed(0)
+        size = torch.finfo(dtype).bits // 8
+        sets = harness.input_sets_needed(2 * M * N * size, device)
+
+        def rand(*shape, scale=1.0, shift=0.0):
+            return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
+
+        inputs = [(rand(M, N, scale=2.0, shift=0.5).requires_grad_(), rand(M, N))
+                  for _ in range(sets)]
+        weight = rand(N, scale=0.5, shift=1.0).requires_grad_()
+        bias = rand(N, scale=0.5).requires_grad_()
+
+        def reference() -> list[torch.Tensor]:
+            x, dy = inputs[0]
+            leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+            y = _layer_norm(*leaves)
+            return [y.detach(), *torch.autograd.grad(y, leaves, dy.double())]
+
+        return runner.Case(
+            dtype=dtype, fields={"M": M, "N": N}, inputs=inputs,
+            providers=[
+                runner.Provider(name, functools.partial(FUNCTIONS[name], weight=weight, bias=bias),
+                                [weight, bias])
+                for name in names
+            ],
+            reference=reference,
+            output_names=["y", "dx", "dweight", "dbias"], bytes=minimal_bytes(M, N, dtype),
+        )
+
+    return build
+
+
+def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str]:
+    """wanted minus those that cannot run here, each absence explained in notes."""
+    usable = []
+    for name in wanted:
+        if name not in PROVIDERS:
+            raise SystemExit(f"unknown provider {name!r}; choose among {PROVIDERS}")
+        reason = None
+        if name == "fusednorm":
+            reason = availability.fusednorm_skip_reason(device, "layer_norm", "layer_norm")
+        elif name == "liger":
+            if device.type != "cuda":
+                reason = "Liger-Kernel runs on GPUs only"
+            elif availability.liger_layer_norm() is None:
+                reason = "liger_kernel is not importable (pip install liger-kernel)"
+        if reason is None:
+            usable.append(name)
+        else:
+            notes.append(f"{name} not benchmarked: {reason}")
+    return usable
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
+    """Runs the suite as args say; returns (results object, Markdown, results folder)."""
+    device = cli.resolve_device(args.device)
+    shapes = args.shapes or default_shapes(device, args.quick)
+    dtypes = args.dtypes or default_dtypes(device, args.quick)
+    notes: list[str] = []
+    names = usable_providers(args.providers, device, notes)
+    for note in notes:
+        print(f"[{SUITE}] {note}", file=sys.stderr)
+    settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device), notes=notes)
+    builders = [case_builder(M, N, dtype, device, names)
+                for dtype in dtypes for M, N, *_ in shapes]
+    result = runner.run(settings, builders, providers_per_case=len(names))
+    notes += measurement_notes(device)
+    md = report.markdown(result, ["dtype", "M", "N"],
+                         [report.MS, report.GBPS, report.SPEEDUP], notes)
+    folder = report.write(
+        result, cli.out_root(args), md,
+        lambda path: report.plot(result, path, lambda r: f"{r['M']}x{r['N']}", "gbps", "GB/s",
+                                 hline=result["copy_gbps"], hline_label="copy"),
+    )
+    return result, md, folder
+
+
+def measurement_notes(device: torch.device) -> list[str]:
+    if device.type == "cuda":
+        timing = "triton.testing.do_bench (CUDA events, L2 flushed before each call)"
+    else:
+        timing = (f"torch.utils.benchmark.Timer.blocked_autorange on {torch.get_num_threads()} "
+                  "threads, 20/80 quantiles over blocks; inputs cycled through enough sets "
+                  "to fill twice the last-level cache")
+    return [
+        f"Timing: {timing}. GB/s counts the minimal bytes of the pass (fwd: x, w, b, y, "
+        "mean, rstd; bwd: x, dy, mean, rstd, w, dx, dw, db); % copy is that over the copy "
+        "bandwidth; × torch is torch's time over the provider's. peak_mem_mb (JSON): the "
+        "allocator's peak above what was allocated before the call"
+        + (" (CPU: from the profiler's allocation events)" if device.type == "cpu" else "")
+        + ".",
+        "Every provider was checked against a float64 reference before it was timed.",
+    ]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_common_arguments(p)
+    cli.add_suite_arguments(p, PROVIDERS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    result, md, folder = run(parser().parse_args(argv))
+    print(md)
+    print(f"results written to {folder}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

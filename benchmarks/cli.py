@@ -1,0 +1,94 @@
+"""Command-line options every suite shares, and their parsing."""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from . import runner, stamp
+
+DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp64": torch.float64, "float64": torch.float64,
+}
+QUICK_OUT = Path(tempfile.gettempdir()) / "fusednorm-bench-quick"
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_dtypes(text: str) -> list[torch.dtype]:
+    try:
+        return [DTYPES[name.lower()] for name in _csv(text)]
+    except KeyError as error:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {error.args[0]!r}; use some of {sorted(set(DTYPES))}") from None
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """'4096x1024,1024x4096' -> [(4096, 1024), (1024, 4096)]."""
+    try:
+        shapes = [tuple(int(d) for d in item.lower().split("x")) for item in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shapes must look like 4096x1024,1024x4096; got {text!r}")
+    if not shapes or any(len(s) < 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"shapes must look like 4096x1024,1024x4096; got {text!r}")
+    return shapes
+
+
+def parse_passes(text: str) -> list[str]:
+    passes = _csv(text)
+    unknown = [p for p in passes if p not in runner.PASSES]
+    if unknown or not passes:
+        raise argparse.ArgumentTypeError(f"passes must be among {list(runner.PASSES)}; got {text!r}")
+    return [p for p in runner.PASSES if p in passes]
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: cuda when a GPU is visible, else cpu")
+    parser.add_argument("--passes", type=parse_passes, default=list(runner.PASSES),
+                        help="comma list of fwd, bwd, fwd+bwd (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"few shapes, short timings, results to {QUICK_OUT} unless --out")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results root; files go to OUT/<device>/ (default: {stamp.RESULTS_DIR})")
+    parser.add_argument("--time-per-measurement", type=float, default=None, metavar="S",
+                        help="seconds per timed measurement (default 0.5 CPU, 0.2 GPU; quick: 0.1)")
+
+
+def add_suite_arguments(parser: argparse.ArgumentParser, providers: Sequence[str]) -> None:
+    parser.add_argument("--dtypes", type=parse_dtypes, default=None,
+                        help="comma list among fp32, bf16, fp16, fp64 (default per device)")
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
+                        help="comma list of MxN (default per device)")
+    parser.add_argument("--providers", type=_csv, default=list(providers),
+                        help=f"comma list among {', '.join(providers)} (default: all available)")
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible to torch")
+    return torch.device(choice)
+
+
+def out_root(args: argparse.Namespace) -> Path:
+    if args.out is not None:
+        return args.out
+    return QUICK_OUT if args.quick else stamp.RESULTS_DIR
+
+
+def budget_s(args: argparse.Namespace, device: torch.device) -> float:
+    if args.time_per_measurement is not None:
+        return args.time_per_measurement
+    if args.quick:
+        return 0.1
+    return 0.2 if device.type == "cuda" else 0.5

@@ -1,0 +1,214 @@
+"""Measuring: time of a call (median and 20/80 quantiles), copy bandwidth, peak memory.
+
+GPU: triton.testing.do_bench (CUDA events, L2 flushed before every call). CPU:
+torch.utils.benchmark.Timer.blocked_autorange with all of torch's threads. A call is given
+as a list of equivalent callables on different input sets; the timer cycles through them,
+so inputs larger than the CPU's last-level cache are read from memory, as on the GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+QUANTILES = [0.5, 0.2, 0.8]
+
+# Copy-bandwidth probe: large enough to stream from DRAM / HBM on any current device.
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call: median and the 20th / 80th percentiles."""
+
+    ms: float
+    ms_p20: float
+    ms_p80: float
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cycling(calls: Sequence[Callable[[], object]]) -> Callable[[], object]:
+    if len(calls) == 1:
+        return calls[0]
+    cycle = itertools.cycle(calls)
+    return lambda: next(cycle)()
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of an already sorted list."""
+    pos = q * (len(sorted_values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def time_calls(
+    calls: Sequence[Callable[[], object]], device: torch.device, budget_s: float
+) -> Timing:
+    """Times one call of `calls` (cycled through), after warming up; `budget_s` is roughly
+    how long the measurement may take."""
+    fn = _cycling(calls)
+    if device.type == "cuda":
+        import triton.testing
+
+        for _ in range(max(2, len(calls))):  # warm-up: compilation, autotuning, lazy init
+            fn()
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        estimate_ms = max(start.elapsed_time(end), 1e-3)
+        # Long calls get at least ~10 repetitions so that the quantiles mean something.
+        rep_ms = max(1000.0 * budget_s, 10 * estimate_ms)
+        ms, p20, p80 = triton.testing.do_bench(
+            fn, warmup=max(25.0, 2 * estimate_ms), rep=rep_ms, quantiles=QUANTILES
+        )
+        return Timing(ms, p20, p80)
+
+    from torch.utils.benchmark import Timer
+
+    for _ in range(max(2, len(calls))):  # warm-up: caches, allocator, lazy init
+        fn()
+    measurement = Timer(
+        "fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
+    ).blocked_autorange(min_run_time=budget_s)
+    times = sorted(measurement.times)  # seconds per call, one value per block of calls
+    return Timing(*(1e3 * _quantile(times, q) for q in QUANTILES))
+
+
+def copy_bandwidth_gbps(device: torch.device, budget_s: float = 0.5) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second / 1e9, by copy_ of
+    a large tensor into a preallocated one. (On the CPU, clone() of a tensor this large
+    would time the kernel's page faults on fresh memory, not the memory system.)"""
+    numel = COPY_BYTES[device.type] // 4
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    timing = time_calls([lambda: dst.copy_(src)], device, budget_s)
+    return 2 * src.numel() * src.element_size() / (timing.ms * 1e-3) / 1e9
+
+
+_cpu_memory_warning: list[str] = []
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """Sends file descriptor 2 to /dev/null: the profiler's C++ side logs there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _cpu_peak_bytes(fn: Callable[[], object]) -> int | None:
+    """Peak of the bytes that PyTorch's CPU allocator handed out during fn() above what was
+    allocated before it, from the profiler's allocation events (None when unavailable).
+    Memory that libraries take past PyTorch's allocator (MKL/oneDNN scratch) is not seen."""
+    try:
+        from torch._C._profiler import _EventType
+        from torch.profiler import ProfilerActivity, profile
+
+        with warnings.catch_warnings(), _stderr_silenced():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                fn()
+        events: list[tuple[int, int]] = []
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            if node.tag == _EventType.Allocation:
+                events.append((node.start_time_ns, node.extra_fields.alloc_size))
+            stack.extend(node.children)
+    except Exception as error:  # private profiler API: degrade to "not measured"
+        if not _cpu_memory_warning:
+            _cpu_memory_warning.append(f"CPU peak memory not measured: {error!r}")
+        return None
+    current = peak = 0
+    for _, size in sorted(events):
+        current += size
+        peak = max(peak, current)
+    return peak
+
+
+def peak_memory_mb(fn: Callable[[], object], device: torch.device) -> float | None:
+    """MiB of device memory that one call of fn needs at its peak beyond what was already
+    allocated (outputs, saved activations, workspace); None where it cannot be measured."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    peak = _cpu_peak_bytes(fn)
+    return None if peak is None else peak / 2**20
+
+
+def notes() -> list[str]:
+    """Caveats met while measuring (e.g. a measurement that was not possible)."""
+    return list(_cpu_memory_warning)
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache (32 MiB when /sys does not say)."""
+    sizes = []
+    try:
+        for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+            text = entry.read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    except (OSError, ValueError):
+        pass
+    return max(sizes, default=32 << 20)
+
+
+def input_sets_needed(bytes_per_set: int, device: torch.device, cap: int = 16) -> int:
+    """How many input sets to cycle through so that a set is out of cache when it comes
+    round again: 1 on the GPU (do_bench flushes L2), else enough to fill 2x the LLC."""
+    if device.type == "cuda":
+        return 1
+    return max(1, min(cap, math.ceil(2 * last_level_cache_bytes() / max(bytes_per_set, 1))))
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_note(device: torch.device, window_s: float = 1.0) -> str | None:
+    """A warning when other work keeps this machine's CPUs busy (sampled for window_s while
+    we sleep): thread pools then wait on each other's descheduled threads and CPU timings
+    can come out several times too slow."""
+    if device.type != "cpu":
+        return None
+    try:
+        busy0, total0 = _cpu_times()
+        time.sleep(window_s)
+        busy1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return None
+    share = (busy1 - busy0) / max(total1 - total0, 1)
+    if share < 0.15:
+        return None
+    return (f"other work kept {100 * share:.0f}% of the CPUs busy when the run started: "
+            "CPU timings are unreliable; re-run on a quiet machine")

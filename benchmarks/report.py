@@ -1,0 +1,152 @@
+"""Writing a suite's results: <suite>.json (DESIGN.md's format), <suite>.md (providers side
+by side) and <suite>.png, under <out>/<device-slug>/."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import stamp
+
+BASELINE = "torch"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A group of table columns, one per provider: header '<provider> <title>'."""
+
+    title: str
+    cell: Callable[[dict, dict | None], str]  # (row, the torch row of the same case)
+    skip: frozenset[str] = frozenset()  # providers without this column
+
+    def without(self, *providers: str) -> "Column":
+        return dataclasses.replace(self, skip=self.skip | set(providers))
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+MS = Column("ms", lambda r, b: _fmt(r["ms"], ".4g"))
+GBPS = Column("GB/s (% copy)", lambda r, b: f"{_fmt(r['gbps'], '.1f')} ({_fmt(r['pct_of_copy'], '.0f')}%)")
+TFLOPS = Column(
+    "TFLOP/s (% GEMM)",
+    lambda r, b: f"{_fmt(r['tflops'], '.3g')}"
+    + ("" if r.get("pct_of_gemm") is None else f" ({r['pct_of_gemm']:.0f}%)"),
+)
+SPEEDUP = Column(
+    "× torch", lambda r, b: "–" if b is None else f"{b['ms'] / r['ms']:.2f}×",
+    skip=frozenset({BASELINE}),
+)
+PEAK = Column("peak MiB", lambda r, b: _fmt(r["peak_mem_mb"], ".1f"))
+
+
+def _providers(rows: Sequence[dict]) -> list[str]:
+    seen: list[str] = []
+    for row in rows:
+        if row["provider"] not in seen:
+            seen.append(row["provider"])
+    return seen
+
+
+def _case_fields(rows: Sequence[dict], case_keys: Sequence[str]):
+    cases: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        key = tuple(row[k] for k in case_keys)
+        cases.setdefault(key, {})[row["provider"]] = row
+    return cases
+
+
+def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
+             notes: Sequence[str] = ()) -> str:
+    """The results as Markdown: a stamp line, then one table per pass with a row per case
+    and the providers side by side."""
+    lines = [
+        f"# {result['suite']} on {result['device']}",
+        "",
+        f"{result['device_kind']}, torch {result['torch']}, commit `{result['commit']}`, "
+        f"{result['date']}; copy bandwidth {result['copy_gbps']:.1f} GB/s "
+        "(bytes read + written / s, measured in the same run). Times are medians.",
+    ]
+    providers = _providers(result["rows"])
+    for pass_name in dict.fromkeys(r["pass"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["pass"] == pass_name]
+        header = list(case_keys)
+        for column in columns:
+            header += [f"{p} {column.title}" for p in providers if p not in column.skip]
+        lines += ["", f"## {pass_name}", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(case_keys) + "--:|" * (len(header) - len(case_keys))]
+        for key, by_provider in _case_fields(rows, case_keys).items():
+            cells = [str(v) for v in key]
+            baseline = by_provider.get(BASELINE)
+            for column in columns:
+                for p in providers:
+                    if p in column.skip:
+                        continue
+                    row = by_provider.get(p)
+                    cells.append("n/a" if row is None else column.cell(row, baseline))
+            lines.append("| " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path, x_key: Callable[[dict], str], y_key: str, y_label: str,
+         hline: float | None = None, hline_label: str = "") -> None:
+    """One panel per (pass, dtype): y_key per provider over the cases."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    passes = list(dict.fromkeys(r["pass"] for r in rows))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    if not rows:
+        return
+    fig, axes = plt.subplots(len(passes), len(dtypes), squeeze=False,
+                             figsize=(4.5 * len(dtypes), 3.2 * len(passes)))
+    for i, pass_name in enumerate(passes):
+        for j, dtype in enumerate(dtypes):
+            ax = axes[i][j]
+            panel = [r for r in rows if r["pass"] == pass_name and r["dtype"] == dtype]
+            labels = list(dict.fromkeys(x_key(r) for r in panel))
+            for provider in _providers(panel):
+                points = [(labels.index(x_key(r)), r[y_key]) for r in panel
+                          if r["provider"] == provider and r[y_key] is not None]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=provider)
+            if hline is not None:
+                ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label=hline_label)
+            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+            ax.set_title(f"{pass_name}, {dtype}", fontsize=9)
+            ax.set_ylabel(y_label, fontsize=8)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.suptitle(f"{result['suite']} on {result['device']} ({result['commit'][:12]})",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def to_json(result: dict) -> str:
+    """The results object as JSON text, one row per line so that diffs stay readable."""
+    head = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in result.items() if k != "rows"]
+    rows = ",\n".join("  " + json.dumps(row) for row in result["rows"])
+    return "{\n" + "\n".join(head) + '\n "rows": [\n' + rows + "\n ]\n}\n"
+
+
+def write(result: dict, out_root: Path, md: str, draw: Callable[[Path], None]) -> Path:
+    """Writes <out_root>/<device-slug>/<suite>.{json,md,png}; returns that folder."""
+    folder = Path(out_root) / stamp.slug(result["device"])
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / result["suite"]
+    base.with_suffix(".json").write_text(to_json(result))
+    base.with_suffix(".md").write_text(md)
+    draw(base.with_suffix(".png"))
+    return folder

@@ -1,0 +1,58 @@
+"""Every suite on this machine's device (the GPU when one is visible, else the CPU), then
+their Markdown tables. `python -m benchmarks --help` for the options."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import bench_gelu_ffn, bench_layer_norm, cli
+
+SUITES = {bench_layer_norm.SUITE: bench_layer_norm, bench_gelu_ffn.SUITE: bench_gelu_ffn}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run fusednorm's benchmark suites with their default shapes and dtypes "
+                    "for the device; each suite's own script takes finer options.")
+    cli.add_common_arguments(p)
+    p.add_argument("--suites", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                   default=list(SUITES), help=f"comma list among {', '.join(SUITES)}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        raise SystemExit(f"unknown suite(s) {unknown}; choose among {list(SUITES)}")
+    device = cli.resolve_device(args.device)
+    print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
+    failed = []
+    for name in args.suites:
+        module = SUITES[name]
+        suite_args = module.parser().parse_args([])
+        for key in ("device", "passes", "quick", "out", "time_per_measurement"):
+            setattr(suite_args, key, getattr(args, key))
+        start = time.monotonic()
+        try:
+            _, md, folder = module.run(suite_args)
+        except Exception:  # report, and still run the other suites
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        print(md)
+        print(f"[{name}] {time.monotonic() - start:.0f} s; results written to {folder}",
+              file=sys.stderr)
+    if failed:
+        raise SystemExit(f"suite(s) failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The loop every suite shares: for each case, check each provider against a float64
+reference, then time fwd, bwd and fwd+bwd side by side and measure peak memory; returns the
+results object of DESIGN.md."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from . import checks, harness, stamp
+
+PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+@dataclass
+class Provider:
+    """One implementation under test: y = forward(x), differentiable in x and params."""
+
+    name: str
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    params: list[torch.Tensor]
+    check: bool = True  # False for a floor (e.g. GEMMs alone) that computes something else
+
+
+@dataclass
+class Case:
+    """One shape and dtype: input sets to cycle through, the providers, the float64
+    reference of (y, dx, d params...), and the minimal bytes / flops of each pass."""
+
+    dtype: torch.dtype
+    fields: dict[str, int]  # row fields after dtype, e.g. {"M": 4096, "N": 1024}
+    inputs: list[tuple[torch.Tensor, torch.Tensor]]  # (x with requires_grad, dy)
+    providers: list[Provider]
+    reference: Callable[[], list[torch.Tensor]]
+    output_names: list[str]
+    bytes: dict[str, int]
+    flops: dict[str, int] | None = None
+
+
+@dataclass
+class Settings:
+    suite: str
+    device: torch.device
+    passes: Sequence[str]
+    budget_s: float  # rough time per timed measurement
+    floor_provider: str | None = None  # rows get pct_of_gemm against this provider
+    notes: list[str] = field(default_factory=list)
+
+
+def _sig(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+def _fwd_bwd(provider: Provider, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    y = provider.forward(x)
+    return [y.detach(), *torch.autograd.grad(y, [x, *provider.params], dy)]
+
+
+def _calls(pass_name: str, provider: Provider, inputs) -> list[Callable[[], object]]:
+    """One callable per input set that runs the pass once."""
+    if pass_name == "fwd":
+        return [lambda x=x: provider.forward(x) for x, _ in inputs]
+    if pass_name == "bwd":
+        calls = []
+        for x, dy in inputs:
+            y, leaves = provider.forward(x), [x, *provider.params]
+            calls.append(
+                lambda y=y, leaves=leaves, dy=dy: torch.autograd.grad(
+                    y, leaves, dy, retain_graph=True
+                )
+            )
+        return calls
+    return [
+        lambda x=x, dy=dy: torch.autograd.grad(provider.forward(x), [x, *provider.params], dy)
+        for x, dy in inputs
+    ]
+
+
+def _timing_order(passes: Sequence[str]) -> list[str]:
+    """bwd last: its compiled graphs are built differently (see _graphs_for)."""
+    return sorted(passes, key=lambda p: p == "bwd")
+
+
+@contextlib.contextmanager
+def _graphs_for(pass_name: str):
+    """Context for building a pass's callables. The bwd pass runs backward many times over
+    one retained graph, which torch.compile's donated buffers forbid: for it, compiled
+    functions are recompiled without them (and reset afterwards, so that any later pass
+    recompiles with the defaults)."""
+    if pass_name != "bwd":
+        yield
+        return
+    torch._dynamo.reset()
+    with torch._functorch.config.patch(donated_buffer=False):
+        yield
+    torch._dynamo.reset()
+
+
+def _check_providers(case: Case, settings: Settings, log) -> list[Provider]:
+    """The providers whose fwd+bwd on the first input set matches the reference."""
+    reference = case.reference()
+    x, dy = case.inputs[0]
+    errors: dict[str, list[float]] = {}
+    problems: dict[str, str] = {}
+    for provider in case.providers:
+        try:
+            outputs = _fwd_bwd(provider, x, dy)
+            harness.synchronize(settings.device)
+        except Exception as error:  # a provider that cannot run this case is skipped
+            problems[provider.name] = f"raised {type(error).__name__}: {error}"
+            continue
+        if provider.check:
+            errors[provider.name] = [
+                checks.relative_error(out, ref) for out, ref in zip(outputs, reference)
+            ]
+    baseline = errors.get("torch")
+    for name, errs in errors.items():
+        bad = checks.failures(case.output_names, errs, baseline, case.dtype)
+        if bad:
+            problems[name] = "wrong result: " + "; ".join(bad)
+    where = f"{case.dtype} " + " ".join(f"{k}={v}" for k, v in case.fields.items())
+    for name, problem in problems.items():
+        message = f"SKIPPED {name} at {where}: {problem}"
+        settings.notes.append(message)
+        log(message)
+    return [p for p in case.providers if p.name not in problems]
+
+
+def _row(case: Case, pass_name: str, provider: str, timing, peak_mb) -> dict:
+    row = {"pass": pass_name, "dtype": str(case.dtype).removeprefix("torch.")}
+    row.update(case.fields)
+    row.update(provider=provider, ms=_sig(timing.ms), ms_p20=_sig(timing.ms_p20),
+               ms_p80=_sig(timing.ms_p80))
+    row["_bytes"] = case.bytes[pass_name]
+    if case.flops is not None:
+        row["_flops"] = case.flops[pass_name]
+    row["peak_mem_mb"] = _sig(peak_mb)
+    return row
+
+
+def _finish_rows(rows: list[dict], copy_gbps: float, floor_provider: str | None) -> list[dict]:
+    """Adds the derived figures (GB/s, % of copy, TFLOP/s, % of the GEMM floor), in the
+    key order of DESIGN.md."""
+    floor_ms = {}
+    if floor_provider:
+        for row in rows:
+            if row["provider"] == floor_provider:
+                floor_ms[_case_key(row)] = row["ms"]
+    finished = []
+    for row in rows:
+        seconds = row["ms"] * 1e-3
+        gbps = row["_bytes"] / seconds / 1e9
+        out = {k: v for k, v in row.items() if not k.startswith("_") and k != "peak_mem_mb"}
+        out.update(gbps=_sig(gbps), pct_of_copy=_sig(100 * gbps / copy_gbps, 3))
+        if "_flops" in row:
+            out["tflops"] = _sig(row["_flops"] / seconds / 1e12)
+            floor = floor_ms.get(_case_key(row))
+            out["pct_of_gemm"] = None if floor is None else _sig(100 * floor / row["ms"], 3)
+        out["peak_mem_mb"] = row["peak_mem_mb"]
+        finished.append(out)
+    return finished
+
+
+def _case_key(row: dict) -> tuple:
+    return tuple((k, v) for k, v in row.items() if k not in _MEASURED and not k.startswith("_"))
+
+
+_MEASURED = {"provider", "ms", "ms_p20", "ms_p80", "gbps", "pct_of_copy", "tflops",
+             "pct_of_gemm", "peak_mem_mb"}
+
+
+def run(
+    settings: Settings,
+    case_builders: Sequence[Callable[[], Case]],
+    providers_per_case: int,
+) -> dict:
+    """Builds, checks and times every case (one at a time, to bound memory) and returns
+    {suite, device, device_kind, torch, commit, date, copy_gbps, rows}."""
+    from tqdm import tqdm
+
+    device = settings.device
+    result = stamp.header(settings.suite, device)
+    busy = harness.busy_note(device)
+    if busy:
+        settings.notes.append(busy)
+        print(f"[{settings.suite}] warning: {busy}", file=sys.stderr)
+    copy_budget = min(0.5, max(0.1, settings.budget_s))
+    copy_start = harness.copy_bandwidth_gbps(device, copy_budget)
+    rows: list[dict] = []
+    total = len(case_builders) * providers_per_case * len(settings.passes)
+    with tqdm(total=total, desc=settings.suite, unit="timing", file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        for build in case_builders:
+            torch._dynamo.reset()  # each case compiles afresh, specialised to its shape
+            case = build()
+            label = f"{str(case.dtype).removeprefix('torch.')} " + "x".join(
+                str(v) for v in case.fields.values())
+            bar.set_postfix_str(f"{label}: checking")
+            good = _check_providers(case, settings, bar.write)
+            bar.update((len(case.providers) - len(good)) * len(settings.passes))
+            bar.update((providers_per_case - len(case.providers)) * len(settings.passes))
+            for pass_name in _timing_order(settings.passes):
+                with _graphs_for(pass_name):
+                    per_provider = [(p, _calls(pass_name, p, case.inputs)) for p in good]
+                for provider, calls in per_provider:
+                    bar.set_postfix_str(f"{label} {pass_name} {provider.name}")
+                    timing = harness.time_calls(calls, device, settings.budget_s)
+                    peak = harness.peak_memory_mb(calls[0], device)
+                    rows.append(_row(case, pass_name, provider.name, timing, peak))
+                    bar.update(1)
+                del per_provider
+            del case, good
+    copy_end = harness.copy_bandwidth_gbps(device, copy_budget)
+    settings.notes.extend(harness.notes())
+    # The ceiling is the better of the two probes, taken before and after the cases.
+    result["copy_gbps"] = _sig(max(copy_start, copy_end))
+    rows.sort(key=lambda row: PASSES.index(row["pass"]))  # stable: cases stay in order
+    result["rows"] = _finish_rows(rows, result["copy_gbps"], settings.floor_provider)
+    return result

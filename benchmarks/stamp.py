@@ -1,0 +1,71 @@
+"""What a results file is stamped with: the device, the versions, the commit and the date."""
+from __future__ import annotations
+
+import datetime
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (platform's guess elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: torch.device) -> str:
+    """Human name of the device the suite runs on: the GPU's name or the CPU model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model_name()
+
+
+def slug(name: str) -> str:
+    """File-system friendly form of a device name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def git_commit() -> str:
+    """HEAD's sha, with '-dirty' when tracked or untracked sources differ from it (results
+    files, which the benchmarks themselves rewrite, do not count); 'unknown' outside git."""
+    try:
+        sha = _git("rev-parse", "HEAD")
+        changes = _git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/results")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if changes else "")
+
+
+def iso_now() -> str:
+    """The current time, ISO 8601 in UTC, to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def header(suite: str, device: torch.device) -> dict:
+    """The fields that open a results file, in DESIGN.md's order (copy_gbps and rows follow)."""
+    return {
+        "suite": suite,
+        "device": device_name(device),
+        "device_kind": device.type,
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "date": iso_now(),
+    }

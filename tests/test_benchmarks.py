@@ -1,0 +1,89 @@
+"""The benchmark scripts' plumbing: tiny runs whose results files must keep DESIGN.md's
+format, and a wrong provider that must be refused before it is timed. (No timing is
+judged here: benchmarks, never tests, carry performance numbers.)"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, runner
+
+TOP_KEYS = ["suite", "device", "device_kind", "torch", "commit", "date", "copy_gbps", "rows"]
+ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
+            "pct_of_copy", "peak_mem_mb"]
+FFN_ROW_KEYS = ROW_KEYS + ["hidden", "tflops", "pct_of_gemm"]
+
+
+def _run(module, tmp_path, *argv):
+    args = module.parser().parse_args(
+        ["--device", "cpu", "--out", str(tmp_path), "--time-per-measurement", "0.01", *argv])
+    return module.run(args)
+
+
+def _check_files(result, folder, suite):
+    assert json.loads((folder / f"{suite}.json").read_text()) == result
+    assert (folder / f"{suite}.md").read_text().startswith(f"# {suite} on ")
+    assert (folder / f"{suite}.png").stat().st_size > 0
+
+
+def test_layer_norm_results_format(tmp_path):
+    result, md, folder = _run(bench_layer_norm, tmp_path, "--shapes", "64x32,7x5",
+                              "--dtypes", "fp32,bf16", "--providers", "fusednorm,torch")
+    assert list(result) == TOP_KEYS
+    assert result["suite"] == "layer_norm" and result["device_kind"] == "cpu"
+    assert result["copy_gbps"] > 0
+    assert len(result["rows"]) == 3 * 2 * 2 * 2  # passes x shapes x dtypes x providers
+    for row in result["rows"]:
+        assert sorted(row) == sorted(ROW_KEYS)
+        assert row["ms_p20"] <= row["ms"] <= row["ms_p80"]
+        assert row["pct_of_copy"] == pytest.approx(100 * row["gbps"] / result["copy_gbps"],
+                                                   rel=1e-2)
+    assert [r["pass"] for r in result["rows"]][::8] == ["fwd", "bwd", "fwd+bwd"]
+    _check_files(result, folder, "layer_norm")
+    assert "fusednorm × torch" in md
+
+
+def test_gelu_ffn_results_format(tmp_path):
+    result, md, folder = _run(bench_gelu_ffn, tmp_path, "--shapes", "16x8",
+                              "--providers", "torch,gemm-only", "--passes", "fwd,fwd+bwd")
+    assert list(result) == TOP_KEYS
+    assert {r["provider"] for r in result["rows"]} == {"torch", "gemm-only"}
+    for row in result["rows"]:
+        assert sorted(row) == sorted(FFN_ROW_KEYS)
+        assert (row["M"], row["N"], row["hidden"]) == (16, 8, 32)
+        if row["provider"] == "gemm-only":
+            assert row["pct_of_gemm"] == 100
+    _check_files(result, folder, "gelu_ffn")
+
+
+def test_wrong_provider_is_not_timed():
+    x = torch.randn(8, 4, requires_grad=True)
+    dy = torch.randn(8, 4)
+
+    def reference():
+        x64 = x.detach().double().requires_grad_()
+        y = x64 * 2
+        return [y.detach(), *torch.autograd.grad(y, [x64], dy.double())]
+
+    case = runner.Case(
+        dtype=torch.float32, fields={"M": 8, "N": 4}, inputs=[(x, dy)],
+        providers=[runner.Provider("torch", lambda t: t * 2, []),
+                   runner.Provider("wrong", lambda t: t * 2.01, [])],
+        reference=reference, output_names=["y", "dx"],
+        bytes={"fwd": 1, "bwd": 1, "fwd+bwd": 1})
+    settings = runner.Settings("test", torch.device("cpu"), ["fwd"], budget_s=0.01)
+    result = runner.run(settings, [lambda: case], providers_per_case=2)
+    assert [r["provider"] for r in result["rows"]] == ["torch"]
+    assert any("SKIPPED wrong" in note and "relative error" in note for note in settings.notes)
+
+
+def test_cli_parsing():
+    assert cli.parse_shapes("4096x1024, 8x4x16") == [(4096, 1024), (8, 4, 16)]
+    assert cli.parse_dtypes("bf16,float32") == [torch.bfloat16, torch.float32]
+    assert cli.parse_passes("fwd+bwd,fwd") == ["fwd", "fwd+bwd"]
+    for bad in (lambda: cli.parse_shapes("4096"), lambda: cli.parse_dtypes("int8"),
+                lambda: cli.parse_passes("back")):
+        with pytest.raises(Exception):
+            bad()
