@@ -123,7 +123,7 @@ def make_extension():
     capability = _cpu_capability()
     # No implicit FMA contraction: the kernels place their fused multiply-adds explicitly,
     # and contraction elsewhere breaks exact cancellations (dx of a one-element row is 0).
-    cxx = opt + ["-fvisibility=hidden", "-ffp-contract=off"] + _cpu_flags(capability)
+    cxx = opt + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"] + _cpu_flags(capability)
     sources = ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc")]
     macros = [("Py_LIMITED_API", "0x030A0000")]
