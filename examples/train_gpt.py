@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     parser.add_argument("--corpus-bytes", type=int, default=1_000_000,
                         help="size of the docstring corpus")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -125,6 +127,8 @@ def evaluate(model, corpus: ByteCorpus, config: GPTConfig, batch_size: int, devi
 def train(args: argparse.Namespace) -> dict:
     """Runs the training the arguments describe and returns the metrics (see main())."""
     device = torch.device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        d_model=args.d_model)
