@@ -1,0 +1,218 @@
+"""Train a small GPT on the docstrings of Python's standard library, with PyTorch's or
+fusednorm's LayerNorm (and feed-forward block), and record the loss curve.
+
+    python examples/train_gpt.py --norm fused --steps 50 --device cpu --seed 0 --out runs/fused
+    python examples/train_gpt.py --norm torch --steps 50 --device cpu --seed 0 --out runs/torch
+    python examples/compare_runs.py runs/torch runs/fused --out runs/loss_curves.png
+
+With the same seed the two runs start from the same weights and see the same batches, so
+their losses differ only by the kernels' rounding. Writes OUT/metrics.json and
+OUT/loss_curve.png.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from compare_runs import plot_runs
+from gpt_model import GPTConfig, build_model
+from stdlib_corpus import ByteCorpus, stdlib_docstrings
+
+_EXAMPLES_DIR = Path(__file__).resolve().parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--norm", choices=["torch", "fused"], required=True,
+                        help="LayerNorm/FFN implementation")
+    parser.add_argument("--steps", type=int, default=50, help="optimizer steps")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the weights and the batch order")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--amp", choices=["bf16"], default=None,
+                        help="run under torch.autocast with this dtype (default: fp32)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=128, help="context length")
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--corpus-bytes", type=int, default=1_000_000,
+                        help="size of the docstring corpus")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for PyTorch (default: PyTorch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    args = parser.parse_args(argv)
+    for name in ("steps", "batch_size", "block_size", "n_layer", "n_head", "d_model"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to this PyTorch")
+    return args
+
+
+def lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 10% of the steps, then cosine decay to peak / 10."""
+    warmup = max(1, steps // 10)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not on norms, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    """(megabytes, what was measured): the CUDA caching allocator's peak on a GPU, the
+    process's peak resident set (weights, activations, and the libraries) on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_memory_allocated"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
+
+
+def git_commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_EXAMPLES_DIR,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+@torch.no_grad()
+def evaluate(model, corpus: ByteCorpus, config: GPTConfig, batch_size: int, device,
+             autocast, seed: int, batches: int = 8) -> float:
+    """Mean loss over `batches` fixed held-out batches."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    model.eval()
+    total = 0.0
+    for _ in range(batches):
+        x, y = corpus.batch("val", batch_size, config.block_size, generator)
+        with autocast():
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.item()
+    model.train()
+    return total / batches
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Runs the training the arguments describe and returns the metrics (see main())."""
+    device = torch.device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                       d_model=args.d_model)
+    corpus = ByteCorpus(stdlib_docstrings(args.corpus_bytes))
+    model = build_model(config, args.norm, args.seed, device)
+    step_model = torch.compile(model) if args.compile else model
+    optimizer = make_optimizer(model, args.lr)
+
+    def autocast():
+        if args.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    generator = torch.Generator().manual_seed(args.seed)
+    # Steps before this one (compilation, allocator warm-up) are left out of tokens/s.
+    first_timed = min(args.steps - 1, max(1, args.steps // 10))
+    losses: list[float] = []
+    progress = tqdm(range(args.steps), desc=f"{args.norm} {args.device}",
+                    disable=args.no_progress, dynamic_ncols=True)
+    for step in progress:
+        if step == first_timed:
+            start = time.perf_counter()
+        x, y = corpus.batch("train", args.batch_size, config.block_size, generator)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr)
+        with autocast():
+            _, loss = step_model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())  # waits for the step to finish
+        progress.set_postfix(loss=f"{losses[-1]:.4f}")
+    elapsed = time.perf_counter() - start
+    timed_steps = args.steps - first_timed
+    peak_mb, peak_kind = peak_memory_mb(device)
+    norm_cls, ffn_cls = type(model.ln_f), type(model.blocks[0].ffn)
+    return {
+        "norm": args.norm,
+        "norm_class": f"{norm_cls.__module__}.{norm_cls.__qualname__}",
+        "ffn_class": f"{ffn_cls.__module__}.{ffn_cls.__qualname__}",
+        "losses": losses,
+        "val_loss": evaluate(model, corpus, config, args.batch_size, device, autocast, args.seed),
+        "tokens_per_s": timed_steps * args.batch_size * config.block_size / elapsed,
+        "timed_steps": timed_steps,
+        "peak_mem_mb": peak_mb,
+        "peak_mem_kind": peak_kind,
+        "config": {
+            **config.to_dict(),
+            "steps": args.steps, "seed": args.seed, "batch_size": args.batch_size,
+            "lr": args.lr, "amp": args.amp or "fp32", "compile": args.compile,
+            "corpus_bytes": corpus.num_bytes, "corpus_sha256": corpus.sha256,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+        "device": device_name(device),
+        "device_kind": device.type,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Trains, then writes OUT/metrics.json ({"norm", "losses": per-step floats,
+    "tokens_per_s", "peak_mem_mb", "config", "device", "torch", ...}) and
+    OUT/loss_curve.png; returns the metrics."""
+    args = parse_args(argv)
+    metrics = train(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    plot_runs([metrics], args.out / "loss_curve.png")
+    print(
+        f"{args.norm}: loss {metrics['losses'][0]:.4f} -> {metrics['losses'][-1]:.4f}, "
+        f"val {metrics['val_loss']:.4f}, {metrics['tokens_per_s']:.0f} tokens/s, "
+        f"peak {metrics['peak_mem_mb']:.0f} MB ({metrics['peak_mem_kind']}); wrote {args.out}",
+        file=sys.stderr,
+    )
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""examples/train_gpt.py and examples/compare_runs.py run as documented: the metrics.json
+contract, the loss-curve PNGs, and the same loss curve for --norm torch and --norm fused."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt_example import EXAMPLES_DIR
+
+pytest.importorskip("matplotlib", reason="the example plots with matplotlib (test extra)")
+pytest.importorskip("tqdm", reason="the example shows progress with tqdm (test extra)")
+
+REPO_ROOT = EXAMPLES_DIR.parent
+STEPS = 50
+# A tiny model on one thread: 50 steps in seconds, with the documented default seed/lr path.
+TINY_ARGS = ["--n-layer", "2", "--d-model", "32", "--n-head", "2", "--block-size", "32",
+             "--batch-size", "8", "--corpus-bytes", "200000", "--lr", "1e-2", "--threads", "1",
+             "--no-progress"]
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, str(EXAMPLES_DIR / script), *args], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def train(out: Path, norm: str, *extra: str) -> dict:
+    _run("train_gpt.py", "--norm", norm, "--device", "cpu", "--seed", "0", "--out", str(out),
+         *TINY_ARGS, *extra)
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """One fp32 CPU run per norm, same seed: {norm: (run directory, metrics)}."""
+    root = tmp_path_factory.mktemp("train_gpt")
+    return {norm: (root / norm, train(root / norm, norm, "--steps", str(STEPS)))
+            for norm in ("torch", "fused")}
+
+
+def _assert_png(path: Path) -> None:
+    assert path.is_file(), f"{path} was not written"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+
+
+def assert_metrics_contract(metrics: dict, norm: str, steps: int) -> None:
+    assert metrics["norm"] == norm
+    losses = metrics["losses"]
+    assert isinstance(losses, list) and len(losses) == steps
+    assert all(isinstance(x, float) and math.isfinite(x) for x in losses)
+    for key in ("tokens_per_s", "peak_mem_mb"):
+        assert isinstance(metrics[key], float) and metrics[key] > 0, key
+    assert metrics["config"]["steps"] == steps and metrics["config"]["seed"] == 0
+    assert metrics["device_kind"] == "cpu" and metrics["device"]
+    assert metrics["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("norm", ["torch", "fused"])
+def test_metrics_and_plot(runs, norm):
+    out, metrics = runs[norm]
+    assert_metrics_contract(metrics, norm, STEPS)
+    _assert_png(out / "loss_curve.png")
+    expected_class = "fusednorm." if norm == "fused" else "torch.nn."
+    assert metrics["norm_class"].startswith(expected_class), metrics["norm_class"]
+
+
+def test_same_loss_curve_and_it_falls(runs):
+    torch_losses, fused_losses = runs["torch"][1]["losses"], runs["fused"][1]["losses"]
+    assert torch_losses[0] == pytest.approx(math.log(256), abs=0.1)  # uniform over bytes
+    diff = max(abs(a - b) for a, b in zip(torch_losses, fused_losses))
+    assert diff <= 1e-3, f"max |loss difference| {diff:.2e} over {STEPS} steps"
+    for losses in (torch_losses, fused_losses):
+        assert sum(losses[-10:]) / 10 < losses[0] - 1.0, losses
+
+
+def test_compare_runs(runs, tmp_path):
+    png = tmp_path / "loss_curves.png"
+    table = _run("compare_runs.py", str(runs["torch"][0]), str(runs["fused"][0] / "metrics.json"),
+                 "--out", str(png)).stdout
+    _assert_png(png)
+    summary = json.loads((tmp_path / "comparison.json").read_text())
+    assert [run["norm"] for run in summary["runs"]] == ["torch", "fused"]
+    diff = max(abs(a - b) for a, b in zip(runs["torch"][1]["losses"], runs["fused"][1]["losses"]))
+    assert summary["runs"][1]["max_abs_loss_diff_vs_first"] == pytest.approx(diff)
+    assert (tmp_path / "comparison.md").read_text() == table
+
+
+def test_amp_bf16_run(tmp_path):
+    metrics = train(tmp_path, "fused", "--steps", "3", "--amp", "bf16")
+    assert_metrics_contract(metrics, "fused", 3)
+    assert metrics["config"]["amp"] == "bf16"

@@ -1,0 +1,158 @@
+"""replace_layernorm on models of popular libraries (Hugging Face transformers, timm), built
+from configs with random weights (nothing is downloaded): the same outputs and gradients
+as the original model."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import fusednorm
+from conftest import DEVICES, assert_close_three_way
+
+transformers = pytest.importorskip("transformers", reason="needs transformers (test extra)")
+
+
+def _randomize_layernorms(model: nn.Module, seed: int = 0) -> None:
+    """LayerNorm weights away from 1 and biases away from 0, so that a kernel that skipped
+    the affine step would show."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
+                module.weight.copy_(1 + 0.5 * torch.randn(module.weight.shape, generator=generator))
+                if module.bias is not None:
+                    module.bias.copy_(0.5 * torch.randn(module.bias.shape, generator=generator))
+
+
+def _count(model: nn.Module, cls: type) -> int:
+    return sum(type(m) is cls for m in model.modules())
+
+
+def _first_tensor(output) -> torch.Tensor:
+    """The main output of a transformers model (logits or last hidden state) or a tensor."""
+    if isinstance(output, torch.Tensor):
+        return output
+    return output[0]
+
+
+def _output_and_grads(model: nn.Module, inputs: dict) -> tuple[torch.Tensor, dict]:
+    """The main output of model(**inputs), and every parameter's gradient for a fixed
+    random cotangent (None for parameters the output does not reach)."""
+    model.zero_grad(set_to_none=True)
+    out = _first_tensor(model(**inputs))
+    cotangent = torch.randn(out.shape, dtype=torch.float64,
+                            generator=torch.Generator().manual_seed(1)).to(out)
+    (out * cotangent).sum().backward()
+    return out.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_same_outputs_and_grads(model: nn.Module, fused: nn.Module, inputs: dict) -> None:
+    """fused(**inputs) and its parameter gradients match model(**inputs)'s, as far as
+    float32 allows: both are checked against the model run in float64, and the fused
+    model's error may be at most about twice the original's (plus a small atol)."""
+    ref64 = copy.deepcopy(model).double()
+    inputs64 = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+    out, grads = _output_and_grads(model, inputs)
+    fused_out, fused_grads = _output_and_grads(fused, inputs)
+    ref_out, ref_grads = _output_and_grads(ref64, inputs64)
+    assert_close_three_way(fused_out, out, ref_out, torch.float32, "output")
+    assert fused_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        if grad is None:
+            assert fused_grads[name] is None, name
+            continue
+        assert_close_three_way(fused_grads[name], grad, ref_grads[name], torch.float32,
+                               f"grad of {name}")
+
+
+def check_replace_layernorm(model: nn.Module, inputs: dict, device: str) -> None:
+    """replace_layernorm on a copy of `model` swaps every nn.LayerNorm and changes neither
+    the outputs nor the gradients."""
+    model = model.to(device).eval()  # eval: no dropout, whatever the config says
+    _randomize_layernorms(model)
+    n_layernorms = _count(model, nn.LayerNorm)
+    assert n_layernorms > 0, "the model has no nn.LayerNorm to replace"
+    fused = fusednorm.replace_layernorm(copy.deepcopy(model))
+    assert _count(fused, nn.LayerNorm) == 0
+    assert _count(fused, fusednorm.FusedLayerNorm) == n_layernorms
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    assert_same_outputs_and_grads(model, fused, inputs)
+
+
+def _tokens(batch: int, length: int, vocab: int) -> torch.Tensor:
+    return torch.randint(vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+def _images(batch: int, size: int) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpt2(device):
+    config = transformers.GPT2Config(
+        vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    check_replace_layernorm(model, {"input_ids": _tokens(2, 12, 96)}, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bert_with_padding_mask(device):
+    config = transformers.BertConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=32, **_NO_DROPOUT,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 7:] = 0
+    check_replace_layernorm(
+        model, {"input_ids": _tokens(2, 12, 96), "attention_mask": mask}, device
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vit(device):
+    config = transformers.ViTConfig(
+        image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=64, **_NO_DROPOUT,
+    )
+    torch.manual_seed(0)
+    model = transformers.ViTModel(config)
+    check_replace_layernorm(model, {"pixel_values": _images(2, 32)}, device)
+
+
+def _timm_vit(norm_layer):
+    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    torch.manual_seed(0)
+    return timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+        embed_dim=32, num_heads=2, num_classes=10, norm_layer=norm_layer,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_vit(device):
+    """timm's own default, timm.layers.LayerNorm, is a subclass of nn.LayerNorm, which
+    replace_layernorm leaves alone; built with norm_layer=nn.LayerNorm the model is all
+    plain LayerNorms and is swapped completely."""
+    check_replace_layernorm(_timm_vit(nn.LayerNorm), {"x": _images(2, 32)}, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_vit_built_with_fused_layernorm(device):
+    """FusedLayerNorm passed to timm as norm_layer: the same model as with nn.LayerNorm."""
+    plain = _timm_vit(nn.LayerNorm).to(device).eval()
+    _randomize_layernorms(plain)
+    fused = _timm_vit(fusednorm.FusedLayerNorm).to(device).eval()
+    fused.load_state_dict(plain.state_dict())
+    assert _count(fused, fusednorm.FusedLayerNorm) == _count(plain, nn.LayerNorm) > 0
+    assert_same_outputs_and_grads(plain, fused, {"x": _images(2, 32).to(device)})
