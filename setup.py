@@ -90,6 +90,15 @@ def _cpu_flags(capability):
     return flags[capability] + [f"-DFUSEDNORM_CPU_CAPABILITY_NAME={capability}"]
 
 
+def _openmp_flags():
+    """at::parallel_for runs its loop on the calling thread unless the extension itself is
+    compiled with OpenMP (it is a header template keyed on _OPENMP). Use it when torch
+    does, so the extension shares torch's thread pool and torch.set_num_threads()."""
+    if "OpenMP" not in torch.__config__.parallel_info() or sys.platform == "darwin":
+        return [], []
+    return ["-fopenmp"], ["-fopenmp"]
+
+
 def _nvidia_wheel_dirs(sub):
     """Header/library folders of the nvidia-* wheels (cuBLAS, cuSPARSE headers for ATen)."""
     found = []
@@ -123,14 +132,19 @@ def make_extension():
     capability = _cpu_capability()
     # No implicit FMA contraction: the kernels place their fused multiply-adds explicitly,
     # and contraction elsewhere breaks exact cancellations (dx of a one-element row is 0).
-    cxx = opt + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"] + _cpu_flags(capability)
+    omp_compile, omp_link = _openmp_flags()
+    cxx = (
+        opt + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"]
+        + omp_compile + _cpu_flags(capability)
+    )
     sources = ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc")]
     macros = [("Py_LIMITED_API", "0x030A0000")]
     if not _want_cuda():
         return CppExtension(
             "fusednorm._C", sources, include_dirs=include_dirs,
-            extra_compile_args={"cxx": cxx}, define_macros=macros, py_limited_api=True,
+            extra_compile_args={"cxx": cxx}, extra_link_args=omp_link,
+            define_macros=macros, py_limited_api=True,
         )
     _default_arch_list()
     include_dirs += _nvidia_wheel_dirs("include")
@@ -146,7 +160,7 @@ def make_extension():
         include_dirs=include_dirs,
         define_macros=macros,
         extra_compile_args={"cxx": cxx + with_cuda, "nvcc": nvcc + with_cuda},
-        extra_link_args=_cublaslt_link_args(_nvidia_wheel_dirs("lib")),
+        extra_link_args=omp_link + _cublaslt_link_args(_nvidia_wheel_dirs("lib")),
         py_limited_api=True,
     )
 
