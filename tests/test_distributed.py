@@ -13,10 +13,11 @@ import torch.distributed as dist
 import fusednorm
 from distributed_workers import make_model_and_optimizer, train, train_distributed, training_batches
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(),
-    reason="needs torch.distributed with the gloo backend",
-)
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                       reason="needs torch.distributed with the gloo backend"),
+    pytest.mark.slow,  # each test starts two Python processes that import torch
+]
 
 STEPS, BATCH = 3, 8
 

@@ -89,6 +89,7 @@ def test_autocast(device, dtype):
         assert rel < 2e-2, f"grad of {name}: relative difference {rel:.2e}"
 
 
+@pytest.mark.slow  # inductor compiles C++ on a CPU: tens of seconds on two cores
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_whole_model(device):
     """torch.compile(fullgraph=True) of the whole model, forward and backward, equals eager:

@@ -17,6 +17,8 @@ from gpt_example import EXAMPLES_DIR
 pytest.importorskip("matplotlib", reason="the example plots with matplotlib (test extra)")
 pytest.importorskip("tqdm", reason="the example shows progress with tqdm (test extra)")
 
+pytestmark = pytest.mark.slow  # each run is a fresh Python process that imports torch
+
 REPO_ROOT = EXAMPLES_DIR.parent
 STEPS = 50
 # A tiny model on one thread: 50 steps in seconds, with the documented default seed/lr path.
