@@ -137,7 +137,10 @@ def make_extension():
         opt + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"]
         + omp_compile + _cpu_flags(capability)
     )
-    sources = ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources = (
+        ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/ops/*.cpp"))
+        + sorted(glob.glob("csrc/cpu/*.cpp"))
+    )
     include_dirs = [os.path.join(ROOT, "csrc")]
     macros = [("Py_LIMITED_API", "0x030A0000")]
     if not _want_cuda():

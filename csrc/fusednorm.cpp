@@ -1,6 +1,10 @@
-// Every op schema of fusednorm, written once. Backends add implementations in
-// csrc/cpu/*.cpp and csrc/cuda/*.cu with TORCH_LIBRARY_IMPL; Python adds fake kernels and
-// autograd in fusednorm/ops.py.
+// Every op schema of fusednorm, written once.
+//
+// Two layers. The public ops (layer_norm, gelu_ffn, layer_norm_gelu_ffn) take tensors of
+// any shape and layout; csrc/ops/<op>.cpp gives each its argument checks, its view as
+// [M, N] rows, its autograd formula (Autograd key) and its autocast rule. They call the
+// backend ops below, which work on contiguous [M, N] rows and have one kernel per device:
+// csrc/cpu/*.cpp and csrc/cuda/*.cu. fusednorm/ops.py adds a fake kernel for every op.
 
 #include <Python.h>
 #include <torch/library.h>
@@ -31,6 +35,28 @@ std::string build_info() {
 
 TORCH_LIBRARY(fusednorm, m) {
   m.def("build_info() -> str", &build_info);
+
+  // --- public ops: any shape, autograd to any order, autocast like torch.nn.functional ---
+
+  // LayerNorm over the trailing normalized_shape dims, as torch.native_layer_norm: the
+  // output (input's shape and dtype, contiguous) and the per-row statistics mean and rstd
+  // ([M], float32; float64 for a float64 input), which are not differentiable.
+  m.def(
+      "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,"
+      " float eps) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre =
+  // input @ weight1.T + bias1 as [M, hidden] rows (not differentiable).
+  m.def(
+      "gelu_ffn(Tensor input, Tensor weight1, Tensor? bias1, Tensor weight2, Tensor? bias2,"
+      " str approximate) -> (Tensor out, Tensor hidden_pre)");
+  // input + gelu_ffn(layer_norm(input, [d])): the pre-LN feed-forward sub-block, with the
+  // LayerNorm statistics and hidden_pre (not differentiable).
+  m.def(
+      "layer_norm_gelu_ffn(Tensor input, Tensor? ln_weight, Tensor? ln_bias, float eps,"
+      " Tensor weight1, Tensor? bias1, Tensor weight2, Tensor? bias2, str approximate)"
+      " -> (Tensor out, Tensor mean, Tensor rstd, Tensor hidden_pre)");
+
+  // --- backend ops: contiguous [M, N] rows, one kernel per device, no autograd ---
 
   // LayerNorm over the rows of a contiguous [M, N] input. mean and rstd are [M], float32
   // (float64 for a float64 input), saved for the backward.

@@ -1,4 +1,11 @@
-"""Functional forms with the signatures of torch.nn.functional."""
+"""Functional forms with the signatures of torch.nn.functional.
+
+Each is one call of a compiled op (fusednorm/ops.py), which checks its arguments, runs the
+kernels and carries the autograd formula in C++. Python steps in only when that call
+fails: to name an argument of the wrong Python type (the op's schema rejects it with a
+generic message), or to fall back to fusednorm.reference where no kernel was compiled for
+the input's device (or the library did not load). The checks below serve those two paths.
+"""
 from __future__ import annotations
 
 import warnings
@@ -72,10 +79,12 @@ def _check_layer_norm_args(input, shape, weight, bias, eps) -> None:
 
 def _autocast_to_fp32(input, weight, bias):
     """Under CUDA autocast, torch.nn.functional.layer_norm runs in float32 (it is on
-    autocast's float32 list); fusednorm does the same so that swapping it in changes no
-    dtype. CPU autocast leaves layer_norm alone, and so do we."""
+    autocast's float32 list); the reference path does the same (the compiled op has this
+    rule in C++). CPU autocast leaves layer_norm alone."""
     if input.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-        cast = lambda t: t.float() if t is not None and t.is_floating_point() else t  # noqa: E731
+        cast = lambda t: (  # noqa: E731
+            t.float() if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+        )
         return cast(input), cast(weight), cast(bias)
     return input, weight, bias
 
@@ -84,7 +93,20 @@ def _warn_fallback(device_type: str) -> None:
     if device_type not in _warned_fallback:
         _warned_fallback.add(device_type)
         reason = _loader.LOAD_ERROR or f"no fusednorm kernel for {device_type} tensors"
-        warnings.warn(f"{reason}; using the plain-PyTorch reference", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{reason}; using the plain-PyTorch reference", RuntimeWarning, stacklevel=4)
+
+
+def _explain(error: RuntimeError, input, backend_op: str, check, *args) -> None:
+    """The compiled op raised `error`. Raise the Python error that names a bad argument if
+    check(*args) finds one; return when the input's device has no compiled kernel (the
+    caller falls back to the reference); re-raise `error` otherwise."""
+    try:
+        check(*args)
+    except (TypeError, ValueError, RuntimeError) as bad_argument:
+        raise bad_argument from None
+    if not _loader.has_kernel(backend_op, input.device.type):
+        return
+    raise error
 
 
 def layer_norm(
@@ -97,13 +119,27 @@ def layer_norm(
     """LayerNorm over the trailing `normalized_shape` dims; same signature and result as
     torch.nn.functional.layer_norm. Statistics in float32 (float64 for float64 input),
     output in the input's dtype; weight/bias may be float32 for a float16/bfloat16 input."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if ops.LAYER_NORM is not None:
+        try:
+            return ops.LAYER_NORM(input, normalized_shape, weight, bias, eps)[0]
+        except RuntimeError as error:
+            _explain(error, input, "layer_norm_fwd", _check_layer_norm_call,
+                     input, normalized_shape, weight, bias, eps)
+    return _reference_layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _check_layer_norm_call(input, normalized_shape, weight, bias, eps) -> None:
+    _check_layer_norm_args(input, _normalized_shape_tuple(normalized_shape), weight, bias, eps)
+
+
+def _reference_layer_norm(input, normalized_shape, weight, bias, eps):
     shape = _normalized_shape_tuple(normalized_shape)
     _check_layer_norm_args(input, shape, weight, bias, eps)
     input, weight, bias = _autocast_to_fp32(input, weight, bias)
-    if not _loader.has_kernel("layer_norm_fwd", input.device.type):
-        _warn_fallback(input.device.type)
-        return reference.layer_norm(input, shape, weight, bias, eps, upcast=False)
-    return ops.fused_layer_norm(input, shape, weight, bias, float(eps))
+    _warn_fallback(input.device.type)
+    return reference.layer_norm(input, shape, weight, bias, eps, upcast=False)
 
 
 _APPROXIMATE = ("none", "tanh")
@@ -165,8 +201,22 @@ def _autocast_linear_dtype(device_type: str, tensors: list) -> list:
     if not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
             for t in tensors]
+
+
+def _autocast_ffn_args(input, *tensors) -> list:
+    """The reference path's autocast rule, nn.Linear's: every floating tensor in the
+    autocast dtype (the compiled op has this rule in C++)."""
+    if isinstance(input, torch.Tensor):
+        return _autocast_linear_dtype(input.device.type, [input, *tensors])
+    return [input, *tensors]
+
+
+def _check_gelu_ffn_call(input, weight1, bias1, weight2, bias2, approximate) -> None:
+    fn = "fusednorm.gelu_ffn"
+    _check_ffn_tensors(fn, input, {})
+    _check_gelu_ffn_args(fn, *_autocast_ffn_args(input, weight1, bias1, weight2, bias2), approximate)
 
 
 def gelu_ffn(
@@ -186,17 +236,35 @@ def gelu_ffn(
     cast to the autocast dtype, as nn.Linear's are). approximate is 'none' (exact, erf) or
     'tanh'. The backward keeps one [tokens, hidden] activation instead of eager's two.
     """
-    fn = "fusednorm.gelu_ffn"
+    if ops.GELU_FFN is not None:
+        try:
+            return ops.GELU_FFN(input, weight1, bias1, weight2, bias2, approximate)[0]
+        except RuntimeError as error:
+            _explain(error, input, "gelu_ffn_fwd", _check_gelu_ffn_call,
+                     input, weight1, bias1, weight2, bias2, approximate)
+    _check_gelu_ffn_call(input, weight1, bias1, weight2, bias2, approximate)
+    input, weight1, bias1, weight2, bias2 = _autocast_ffn_args(input, weight1, bias1, weight2, bias2)
+    _warn_fallback(input.device.type)
+    return reference.gelu_ffn(input, weight1, bias1, weight2, bias2, approximate, upcast=False)
+
+
+def _check_layer_norm_gelu_ffn_call(
+    input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate
+) -> None:
+    fn = "fusednorm.layer_norm_gelu_ffn"
     _check_ffn_tensors(fn, input, {})
-    if isinstance(input, torch.Tensor):
-        input, weight1, bias1, weight2, bias2 = _autocast_linear_dtype(
-            input.device.type, [input, weight1, bias1, weight2, bias2]
-        )
+    if torch.is_autocast_enabled(input.device.type):  # checked as its two parts
+        _check_layer_norm_call(input, input.shape[-1:], ln_weight, ln_bias, eps)
+        _check_gelu_ffn_call(input, weight1, bias1, weight2, bias2, approximate)
+        return
     _check_gelu_ffn_args(fn, input, weight1, bias1, weight2, bias2, approximate)
-    if not _loader.has_kernel("gelu_ffn_fwd", input.device.type):
-        _warn_fallback(input.device.type)
-        return reference.gelu_ffn(input, weight1, bias1, weight2, bias2, approximate, upcast=False)
-    return ops.fused_gelu_ffn(input, weight1, bias1, weight2, bias2, approximate)
+    d = input.shape[-1]
+    if weight2.shape[0] != d:
+        raise ValueError(
+            f"{fn}: weight2 must have shape [{d}, {weight1.shape[0]}] for the residual "
+            f"connection to input of shape {list(input.shape)}, got {list(weight2.shape)}"
+        )
+    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps)
 
 
 def layer_norm_gelu_ffn(
@@ -215,29 +283,15 @@ def layer_norm_gelu_ffn(
     backward recomputes the LayerNorm output instead of keeping it. The LayerNorm weight and
     bias may be float32 for a float16/bfloat16 input; the FFN's tensors have input's dtype.
     Under autocast it runs as layer_norm then gelu_ffn, each with autocast's dtypes."""
-    fn = "fusednorm.layer_norm_gelu_ffn"
-    _check_ffn_tensors(fn, input, {})
+    args = (input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate)
+    if ops.LAYER_NORM_GELU_FFN is not None:
+        try:
+            return ops.LAYER_NORM_GELU_FFN(*args)[0]
+        except RuntimeError as error:
+            _explain(error, input, "gelu_ffn_fwd", _check_layer_norm_gelu_ffn_call, *args)
+    _check_layer_norm_gelu_ffn_call(*args)
     if torch.is_autocast_enabled(input.device.type):
         normed = layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
         return input + gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
-    _check_gelu_ffn_args(fn, input, weight1, bias1, weight2, bias2, approximate)
-    d = input.shape[-1]
-    if weight2.shape[0] != d:
-        raise ValueError(
-            f"{fn}: weight2 must have shape [{d}, {weight1.shape[0]}] for the residual "
-            f"connection to input of shape {list(input.shape)}, got {list(weight2.shape)}"
-        )
-    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps)
-    if not (
-        _loader.has_kernel("gelu_ffn_fwd", input.device.type)
-        and _loader.has_kernel("layer_norm_apply", input.device.type)
-        and _loader.has_kernel("layer_norm_fwd", input.device.type)
-    ):
-        _warn_fallback(input.device.type)
-        return reference.layer_norm_gelu_ffn(
-            input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate,
-            upcast=False,
-        )
-    return ops.fused_layer_norm_gelu_ffn(
-        input, ln_weight, ln_bias, float(eps), weight1, bias1, weight2, bias2, approximate
-    )
+    _warn_fallback(input.device.type)
+    return reference.layer_norm_gelu_ffn(*args, upcast=False)

@@ -51,7 +51,8 @@ def test_compile_fullgraph_forward_backward(device, dynamic):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_graphs_call_the_fused_ops(device):
-    """The backward graph runs fusednorm's fused backward op, not a decomposition."""
+    """The forward graph runs fusednorm's op and the backward graph its fused backward op,
+    not a decomposition (the create_graph path of the backward is not taken)."""
     from torch._dynamo.testing import AotEagerAndRecordGraphs
 
     torch._dynamo.reset()
@@ -63,8 +64,9 @@ def test_compiled_graphs_call_the_fused_ops(device):
     fn(x, w, b).sum().backward()
     fw = "\n".join(g.code for g in backend.fw_graphs)
     bw = "\n".join(g.code for g in backend.bw_graphs)
-    assert "fusednorm.layer_norm_fwd" in fw
+    assert "fusednorm.layer_norm.default" in fw
     assert "fusednorm.layer_norm_bwd" in bw
+    assert "native_layer_norm" not in fw + bw
 
 
 def test_autocast_cpu_leaves_layer_norm_alone():

@@ -110,8 +110,25 @@ def test_build_info():
     assert info["cpu_capability"] in ("default", "avx2", "avx512")
 
 
-def test_device_without_kernel_falls_back_to_reference_with_a_warning():
+def test_meta_tensors_give_shapes_without_computing():
     x = torch.randn(3, 5, device="meta")
-    with pytest.warns(RuntimeWarning, match="reference"):
-        out = fusednorm.layer_norm(x, (5,), torch.ones(5, device="meta"))
+    out = fusednorm.layer_norm(x, (5,), torch.ones(5, device="meta"))
     assert out.shape == x.shape and out.device.type == "meta"
+
+
+def test_device_without_kernel_falls_back_to_reference_with_a_warning(monkeypatch):
+    """A device with no compiled kernel (the dispatcher raises NotImplementedError, as for
+    CUDA tensors in a CPU-only build): a warning, then the reference's result."""
+    from fusednorm import _loader, functional, ops
+
+    def no_kernel(*args):
+        raise NotImplementedError("Could not run 'fusednorm::layer_norm' with arguments from "
+                                  "the 'CPU' backend")
+
+    monkeypatch.setattr(ops, "LAYER_NORM", no_kernel)
+    monkeypatch.setattr(_loader, "KERNELS", frozenset())
+    monkeypatch.setattr(functional, "_warned_fallback", set())
+    x, w = torch.randn(3, 5), torch.randn(5)
+    with pytest.warns(RuntimeWarning, match="reference"):
+        out = fusednorm.layer_norm(x, (5,), w)
+    torch.testing.assert_close(out, torch.nn.functional.layer_norm(x, (5,), w))

@@ -8,6 +8,10 @@
 
 namespace fusednorm {
 
+// Whether an optional tensor argument was given (Python's None arrives as nullopt or as an
+// undefined tensor).
+inline bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
 inline bool is_reduced_float(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16;
 }

@@ -24,8 +24,6 @@ inline GeluKind parse_approximate(c10::string_view approximate) {
   return approximate == "tanh" ? GeluKind::kTanh : GeluKind::kExact;
 }
 
-inline bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
 // t has the given shape, input's dtype and device, and is contiguous.
 inline void check_ffn_tensor(const at::Tensor& t, const char* name, at::IntArrayRef shape,
                              const at::Tensor& input) {

@@ -1,0 +1,105 @@
+#pragma once
+// What every public op of csrc/ops/ needs besides its own math: calling another fusednorm
+// op through the dispatcher, viewing a tensor as the [M, N] rows the kernels read, and the
+// backward that a create_graph=True pass takes so that gradients of any order exist.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+
+#include <functional>
+#include <vector>
+
+namespace fusednorm {
+
+using torch::autograd::variable_list;
+
+// The typed handle of fusednorm::<name>; look it up once (a function-local static at the
+// call site), then .call(...) costs one dispatch.
+template <class Signature>
+c10::TypedOperatorHandle<Signature> fusednorm_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+// t as row-major [rows, cols] with cols = the product of its trailing `trailing_dims`
+// dims: a copy only when t's layout is not already that.
+inline at::Tensor as_rows(const at::Tensor& t, int64_t trailing_dims) {
+  if (t.dim() == 2 && trailing_dims == 1 && t.is_contiguous()) return t;  // no dispatch
+  int64_t rows = 1;
+  for (int64_t d = 0; d < t.dim() - trailing_dims; ++d) rows *= t.size(d);
+  int64_t cols = 1;
+  for (int64_t d = t.dim() - trailing_dims; d < t.dim(); ++d) cols *= t.size(d);
+  if (t.is_contiguous()) return t.view({rows, cols});
+  return t.reshape({rows, cols}).contiguous();
+}
+
+// The inverse of as_rows for an output of `rows`' layout: `like`'s shape.
+inline at::Tensor shaped_like(const at::Tensor& rows, at::IntArrayRef shape) {
+  return rows.sizes() == shape ? rows : rows.view(shape);
+}
+
+// A parameter flattened to a contiguous 1-D tensor (nullopt stays nullopt).
+inline std::optional<at::Tensor> flat(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  if (t->dim() == 1 && t->is_contiguous()) return t;
+  return t->reshape({-1}).contiguous();
+}
+
+inline at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+// Whether a call with these tensor arguments records an autograd graph. When it does not,
+// an Autograd kernel calls below autograd directly: a torch::autograd::Function costs a
+// node, its context and output wrapping even when nothing requires grad.
+inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+inline bool requires_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && requires_grad(*t);
+}
+template <class... Ts>
+bool needs_grad(const Ts&... tensors) {
+  return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
+}
+
+// The backward of `forward` at `inputs` for `grad_outputs`, as a differentiable graph.
+//
+// A backward run under create_graph=True (grad mode on inside it) returns this instead of
+// the fused kernels' result: `forward` recomputes the op from ATen's differentiable ops,
+// and the vector-Jacobian product is taken with create_graph, so the returned gradients
+// depend differentiably on the inputs and on grad_outputs, to any order. Inputs that
+// require grad are used as they are (the result stays connected to the graph that made
+// them); the others are constants. Entries of the result are undefined for inputs that do
+// not require grad.
+inline variable_list differentiable_backward(
+    const std::function<variable_list(const variable_list&)>& forward,
+    const variable_list& inputs, const variable_list& grad_outputs) {
+  variable_list wrt;
+  std::vector<size_t> wrt_index;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      wrt.push_back(inputs[i]);
+      wrt_index.push_back(i);
+    }
+  }
+  variable_list result(inputs.size());
+  if (wrt.empty()) return result;
+  variable_list outputs;
+  {
+    at::AutoGradMode grad_on(true);
+    outputs = forward(inputs);
+  }
+  variable_list used_outputs, used_grads;
+  for (size_t j = 0; j < outputs.size() && j < grad_outputs.size(); ++j) {
+    if (grad_outputs[j].defined() && outputs[j].defined() && outputs[j].requires_grad()) {
+      used_outputs.push_back(outputs[j]);
+      used_grads.push_back(grad_outputs[j]);
+    }
+  }
+  if (used_outputs.empty()) return result;
+  const variable_list grads = torch::autograd::grad(
+      used_outputs, wrt, used_grads, /*retain_graph=*/true, /*create_graph=*/true,
+      /*allow_unused=*/true);
+  for (size_t k = 0; k < wrt.size(); ++k) result[wrt_index[k]] = grads[k];
+  return result;
+}
+
+}  // namespace fusednorm

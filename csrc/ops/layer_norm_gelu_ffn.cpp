@@ -1,0 +1,183 @@
+// fusednorm::layer_norm_gelu_ffn, the pre-LN feed-forward sub-block
+// out = x + gelu_ffn(layer_norm(x)) over the last dim: checks, rows, autograd (the
+// backward recomputes the LayerNorm output from x and the saved statistics instead of
+// keeping it) and autocast (layer_norm then gelu_ffn, each by its own autocast rule).
+
+#include <ATen/ops/add.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/linear.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "common/op_support.h"
+#include "common/public_checks.h"
+#include "ops/row_ops.h"
+
+namespace fusednorm {
+namespace {
+
+using torch::autograd::AutogradContext;
+using OptTensor = std::optional<at::Tensor>;
+using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using BlockSig = Result(const at::Tensor&, const OptTensor&, const OptTensor&, double,
+                        const at::Tensor&, const OptTensor&, const at::Tensor&,
+                        const OptTensor&, c10::string_view);
+constexpr const char* kName = "fusednorm.layer_norm_gelu_ffn";
+
+std::optional<at::Tensor> contiguous(const OptTensor& t) {
+  if (!given(t)) return std::nullopt;
+  return t->contiguous();
+}
+
+// The residual connection needs out_features == d_model.
+void check_residual(const at::Tensor& input, const at::Tensor& weight1,
+                    const at::Tensor& weight2) {
+  const int64_t d = input.size(-1);
+  TORCH_CHECK_VALUE(weight2.size(0) == d, kName, ": weight2 must have shape [", d, ", ",
+                    weight1.size(0), "] for the residual connection to input of shape ",
+                    input.sizes(), ", got ", weight2.sizes());
+}
+
+Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const OptTensor& ln_bias,
+                  double eps, const at::Tensor& weight1, const OptTensor& bias1,
+                  const at::Tensor& weight2, const OptTensor& bias2,
+                  c10::string_view approximate) {
+  check_gelu_ffn_call(kName, input, weight1, bias1, weight2, bias2, approximate);
+  check_residual(input, weight1, weight2);
+  check_layer_norm_call(kName, input, input.sizes().slice(input.dim() - 1), ln_weight, ln_bias,
+                        eps);
+  const at::Tensor x = as_rows(input, 1);
+  auto [normed, mean, rstd] =
+      row_ops::layer_norm_fwd().call(x, contiguous(ln_weight), contiguous(ln_bias), eps);
+  auto [y, hidden] = row_ops::gelu_ffn_fwd().call(normed, weight1.contiguous(),
+                                                  contiguous(bias1), weight2.contiguous(),
+                                                  contiguous(bias2), approximate);
+  return {shaped_like(at::add(x, y), input.sizes()), mean, rstd, hidden};
+}
+
+at::Tensor block_reference(const variable_list& v, double eps, const std::string& approximate) {
+  const at::Tensor& x = v[0];
+  const auto normed = at::layer_norm(x, {x.size(-1)}, v[1], v[2], eps);
+  return at::add(x, at::linear(at::gelu(at::linear(normed, v[3], v[4]), approximate), v[5], v[6]));
+}
+
+class BlockFunction : public torch::autograd::Function<BlockFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const OptTensor& ln_weight, const OptTensor& ln_bias, double eps,
+                               const at::Tensor& weight1, const OptTensor& bias1,
+                               const at::Tensor& weight2, const OptTensor& bias2,
+                               c10::string_view approximate) {
+    static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, mean, rstd, hidden] = op.call(input, ln_weight, ln_bias, eps, weight1, bias1,
+                                             weight2, bias2, approximate);
+    // Not the LayerNorm output: the backward recomputes it from input, mean and rstd.
+    ctx->save_for_backward({input, defined_or_empty(ln_weight), defined_or_empty(ln_bias),
+                            weight1, defined_or_empty(bias1), weight2, defined_or_empty(bias2),
+                            mean, rstd, hidden});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->mark_non_differentiable({mean, rstd, hidden});
+    return {out, mean, rstd, hidden};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &input = s[0], &ln_weight = s[1], &ln_bias = s[2], &weight1 = s[3],
+                     &bias1 = s[4], &weight2 = s[5], &bias2 = s[6], &mean = s[7], &rstd = s[8],
+                     &hidden = s[9];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const at::Tensor& grad_out = grads[0];
+    if (!grad_out.defined()) return variable_list(9);
+
+    if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
+      auto g = differentiable_backward(
+          [&](const variable_list& v) { return variable_list{block_reference(v, eps, approximate)}; },
+          {input, ln_weight, ln_bias, weight1, bias1, weight2, bias2}, {grad_out});
+      return {g[0], g[1], g[2], at::Tensor(), g[3], g[4], g[5], g[6], at::Tensor()};
+    }
+
+    const at::Tensor x = as_rows(input, 1);
+    const at::Tensor grad_rows = as_rows(grad_out, 1);
+    const auto ln_w = contiguous(ln_weight), ln_b = contiguous(ln_bias);
+    at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
+    auto [grad_normed, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
+        grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(), bias1.defined(),
+        bias2.defined(), approximate);
+    normed.reset();  // free it before the LayerNorm backward allocates
+    auto [grad_x, grad_ln_w, grad_ln_b] =
+        row_ops::layer_norm_bwd().call(grad_normed, x, mean, rstd, ln_w, ln_b);
+    const at::Tensor grad_input = shaped_like(at::add(grad_x, grad_rows), input.sizes());  // + the residual's
+    return {grad_input,
+            ln_weight.defined() ? grad_ln_w.view(ln_weight.sizes()) : at::Tensor(),
+            ln_bias.defined() ? grad_ln_b.view(ln_bias.sizes()) : at::Tensor(),
+            at::Tensor(),
+            grad_w1,
+            bias1.defined() ? grad_b1 : at::Tensor(),
+            grad_w2,
+            bias2.defined() ? grad_b2 : at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,
+                      const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
+                      const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
+                      c10::string_view approximate) {
+  if (!needs_grad(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
+    static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate);
+  }
+  auto r = BlockFunction::apply(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
+                                approximate);
+  return {r[0], r[1], r[2], r[3]};
+}
+
+// Under autocast the block runs as its two parts, each by its own autocast rule (layer_norm
+// in float32 on CUDA, the FFN in the autocast dtype), as the eager modules would.
+template <c10::DeviceType kDevice>
+Result block_autocast(const at::Tensor& input, const OptTensor& ln_weight,
+                      const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
+                      const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
+                      c10::string_view approximate) {
+  static const auto layer_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, const OptTensor&, double)>(
+      "fusednorm::layer_norm");
+  static const auto gelu_ffn = fusednorm_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
+      const OptTensor&, c10::string_view)>("fusednorm::gelu_ffn");
+  check_public_input(kName, input);
+  TORCH_CHECK_VALUE(input.dim() >= 1, kName,
+                    ": input must have at least one dim (the features), got a scalar");
+  const c10::SymInt d = input.sym_size(-1);
+  auto [normed, mean, rstd] = layer_norm.call(input, {d}, ln_weight, ln_bias, eps);
+  auto [y, hidden] = gelu_ffn.call(normed, weight1, bias1, weight2, bias2, approximate);
+  check_residual(input, weight1, weight2);  // weight1, weight2 are 2-D: gelu_ffn checked
+  return {at::add(input, y), mean, rstd, hidden};
+}
+
+}  // namespace
+}  // namespace fusednorm
+
+TORCH_LIBRARY_IMPL(fusednorm, CompositeExplicitAutograd, m) {
+  m.impl("layer_norm_gelu_ffn", &fusednorm::block_rows);
+}
+
+TORCH_LIBRARY_IMPL(fusednorm, Autograd, m) {
+  m.impl("layer_norm_gelu_ffn", &fusednorm::block_autograd);
+}
+
+TORCH_LIBRARY_IMPL(fusednorm, AutocastCPU, m) {
+  m.impl("layer_norm_gelu_ffn", &fusednorm::block_autocast<c10::DeviceType::CPU>);
+}
+
+TORCH_LIBRARY_IMPL(fusednorm, AutocastCUDA, m) {
+  m.impl("layer_norm_gelu_ffn", &fusednorm::block_autocast<c10::DeviceType::CUDA>);
+}

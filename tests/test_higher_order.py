@@ -1,0 +1,176 @@
+"""Gradients of any order for every differentiable op: gradgradcheck in float64, a third
+derivative against PyTorch's, and a gradient-penalty training step against eager for each
+function and module. A detached gradient (one without grad_fn) would silently drop the
+penalty term: these tests fail on it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fusednorm
+from conftest import DEVICES, random_input
+
+
+def _rand(shape, device, seed, scale=0.5):
+    return random_input(shape, torch.float64, device, scale=scale, shift=0.1, seed=seed)
+
+
+def _ffn_params(device, d=5, hidden=7, out=None, seed=10):
+    out = d if out is None else out
+    shapes = [(hidden, d), (hidden,), (out, hidden), (out,)]
+    return [_rand(s, device, seed + i).requires_grad_() for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gelu_ffn_gradgradcheck(device, approximate, bias):
+    x = _rand((2, 3, 5), device, 0, scale=1.5).requires_grad_()
+    w1, b1, w2, b2 = _ffn_params(device, out=4)
+    if not bias:
+        b1 = b2 = None
+
+    def fn(x, w1, w2, *biases):
+        b1, b2 = biases if biases else (None, None)
+        return fusednorm.gelu_ffn(x, w1, b1, w2, b2, approximate)
+
+    args = (x, w1, w2) + ((b1, b2) if bias else ())
+    assert torch.autograd.gradcheck(fn, args)
+    assert torch.autograd.gradgradcheck(fn, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_norm_gelu_ffn_gradgradcheck(device):
+    x = _rand((3, 5), device, 0, scale=1.5).requires_grad_()
+    ln_w, ln_b = (_rand((5,), device, s).requires_grad_() for s in (1, 2))
+    w1, b1, w2, b2 = _ffn_params(device)
+
+    def fn(*args):
+        x, ln_w, ln_b, w1, b1, w2, b2 = args
+        return fusednorm.functional.layer_norm_gelu_ffn(x, ln_w, ln_b, 1e-5, w1, b1, w2, b2, "tanh")
+
+    args = (x, ln_w, ln_b, w1, b1, w2, b2)
+    assert torch.autograd.gradcheck(fn, args)
+    assert torch.autograd.gradgradcheck(fn, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_norm_third_derivative_matches_torch(device):
+    x = _rand((3, 6), device, 0, scale=2.0)
+    w, b = _rand((6,), device, 1), _rand((6,), device, 2)
+
+    def third(fn):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(*leaves)
+        (g,) = torch.autograd.grad(y.pow(3).sum(), leaves[0], create_graph=True)
+        (gg,) = torch.autograd.grad(g.pow(2).sum(), leaves[0], create_graph=True)
+        return torch.autograd.grad(gg.sin().sum(), leaves)
+
+    ours = third(lambda x, w, b: fusednorm.layer_norm(x, (6,), w, b))
+    theirs = third(lambda x, w, b: F.layer_norm(x, (6,), w, b))
+    for a, e in zip(ours, theirs):
+        torch.testing.assert_close(a, e)
+
+
+# --- gradient penalty: loss = out² + |d out.sum() / dx|², one optimizer step -------------
+
+
+def _penalty_step(fn, params, x):
+    """One SGD step on a gradient-penalty loss; returns the loss and the updated params."""
+    x = x.clone().requires_grad_()
+    out = fn(x)
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    assert gx.grad_fn is not None, "the gradient is detached: the penalty would be dropped"
+    loss = out.pow(2).mean() + gx.pow(2).sum()
+    grads = torch.autograd.grad(loss, params)
+    return loss.detach(), [p.detach() - 0.1 * g for p, g in zip(params, grads)]
+
+
+def _assert_same_step(fused_fn, fused_params, eager_fn, eager_params, x):
+    loss, updated = _penalty_step(fused_fn, fused_params, x)
+    eager_loss, eager_updated = _penalty_step(eager_fn, eager_params, x)
+    torch.testing.assert_close(loss, eager_loss)
+    for a, e in zip(updated, eager_updated):
+        torch.testing.assert_close(a, e)
+
+
+def _module_cases(device):
+    d = 6
+    norm = nn.LayerNorm(d)
+    ffn = nn.Sequential(nn.Linear(d, 16), nn.GELU(), nn.Linear(16, d))
+    block = fusednorm.FusedLayerNormGeluFFN(d, 16, approximate="tanh")
+    eager_block = _EagerBlock(block)
+    fused_norm = copy.deepcopy(norm)
+    fusednorm.replace_layernorm(fused_norm)
+    fused_ffn = fusednorm.FusedGeluFFN(d, 16)
+    fused_ffn.load_state_dict({"fc1.weight": ffn[0].weight, "fc1.bias": ffn[0].bias,
+                               "fc2.weight": ffn[2].weight, "fc2.bias": ffn[2].bias})
+    pairs = {"FusedLayerNorm": (fused_norm, norm), "FusedGeluFFN": (fused_ffn, ffn),
+             "FusedLayerNormGeluFFN": (block, eager_block)}
+    return {k: (f.to(device, torch.float64), e.to(device, torch.float64)) for k, (f, e) in pairs.items()}
+
+
+class _EagerBlock(nn.Module):
+    """x + fc2(gelu(fc1(norm(x)))) with a FusedLayerNormGeluFFN's parameters, in eager ops."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = copy.deepcopy(block)
+
+    def forward(self, x):
+        b = self.block
+        h = F.gelu(F.linear(F.layer_norm(x, (x.shape[-1],), b.norm.weight, b.norm.bias, b.norm.eps),
+                            b.fc1.weight, b.fc1.bias), approximate=b.approximate)
+        return x + F.linear(h, b.fc2.weight, b.fc2.bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["FusedLayerNorm", "FusedGeluFFN", "FusedLayerNormGeluFFN"])
+def test_gradient_penalty_step_modules(device, name):
+    fused, eager = _module_cases(device)[name]
+    x = _rand((4, 3, 6), device, 5, scale=2.0)
+    _assert_same_step(fused, list(fused.parameters()), eager, list(eager.parameters()), x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn", ["layer_norm", "gelu_ffn", "layer_norm_gelu_ffn"])
+def test_gradient_penalty_step_functions(device, fn):
+    x = _rand((5, 6), device, 7, scale=2.0)
+    ln = [_rand((6,), device, s).requires_grad_() for s in (1, 2)]
+    ffn = _ffn_params(device, d=6, hidden=9)
+    if fn == "layer_norm":
+        params = ln
+        fused = lambda x: fusednorm.layer_norm(x, (6,), *params)  # noqa: E731
+        eager = lambda x: F.layer_norm(x, (6,), *params)  # noqa: E731
+    elif fn == "gelu_ffn":
+        params = ffn
+        fused = lambda x: fusednorm.gelu_ffn(x, *params)  # noqa: E731
+        eager = lambda x: F.linear(F.gelu(F.linear(x, *params[:2])), *params[2:])  # noqa: E731
+    else:
+        params = ln + ffn
+
+        def fused(x):
+            return fusednorm.functional.layer_norm_gelu_ffn(x, ln[0], ln[1], 1e-5, *ffn)
+
+        def eager(x):
+            h = F.gelu(F.linear(F.layer_norm(x, (6,), ln[0], ln[1]), *ffn[:2]))
+            return x + F.linear(h, *ffn[2:])
+
+    _assert_same_step(fused, params, eager, params, x)
+
+
+def test_first_order_gradients_do_not_depend_on_create_graph():
+    """create_graph=True takes a differentiable path; its first-order values agree with
+    the fused kernels' to rounding."""
+    x = random_input((8, 33), torch.float32, "cpu").requires_grad_()
+    w, b = torch.randn(33, requires_grad=True), torch.randn(33, requires_grad=True)
+    dy = random_input((8, 33), torch.float32, "cpu", seed=4)
+    y = fusednorm.layer_norm(x, (33,), w, b)
+    plain = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+    graphed = torch.autograd.grad(y, (x, w, b), dy, create_graph=True)
+    for a, e in zip(graphed, plain):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
