@@ -11,9 +11,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, cli
+from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_overhead, cli
 
-SUITES = {bench_layer_norm.SUITE: bench_layer_norm, bench_gelu_ffn.SUITE: bench_gelu_ffn}
+SUITES = {module.SUITE: module for module in (bench_layer_norm, bench_gelu_ffn, bench_overhead)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         module = SUITES[name]
         suite_args = module.parser().parse_args([])
         for key in ("device", "passes", "quick", "out", "time_per_measurement"):
-            setattr(suite_args, key, getattr(args, key))
+            if hasattr(suite_args, key):
+                setattr(suite_args, key, getattr(args, key))
         start = time.monotonic()
         try:
             _, md, folder = module.run(suite_args)

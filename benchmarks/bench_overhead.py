@@ -1,0 +1,219 @@
+"""Suite `overhead`: host time per call of every public function and module, fusednorm
+against the PyTorch code it replaces, on tiny tensors where the kernels cost next to
+nothing: what Python, argument checks, dispatch and autograd bookkeeping cost per call.
+
+    python -m benchmarks.bench_overhead [--device cpu] [--quick] ...
+
+Three cases each: forward without grad, forward with inputs that require grad (the graph
+is recorded), forward+backward. CPU: one thread. CUDA: tiny CUDA tensors, wall time of
+many calls with one synchronisation at the end of each round (the launches are
+asynchronous, so this is the host's time as long as the GPU keeps up, which it does on
+tensors this small). fusednorm and torch alternate round by round; the figure is the
+median per-call time over rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks import availability, cli, harness, report, stamp
+
+try:
+    import fusednorm
+except ImportError:  # reported by availability.fusednorm_skip_reason
+    fusednorm = None
+
+SUITE = "overhead"
+CASES = ("fwd (no grad)", "fwd (grad)", "fwd+bwd")
+ROWS, D, HIDDEN = 4, 64, 256
+
+
+@dataclass
+class Api:
+    """One public function or module and the PyTorch code it replaces, each a callable of
+    x; params are what requires grad besides x in the grad cases."""
+
+    name: str
+    fused: Callable[[torch.Tensor], torch.Tensor]
+    torch: Callable[[torch.Tensor], torch.Tensor]
+    params: list[torch.Tensor]
+
+
+class _EagerBlock(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(D), block.fc1, block.fc2
+        self.norm.load_state_dict(block.norm.state_dict())
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def apis(device: torch.device) -> list[Api]:
+    torch.manual_seed(0)
+    kw = dict(device=device)
+    w, b = torch.randn(D, **kw), torch.randn(D, **kw)
+    ffn_params = [torch.randn(HIDDEN, D, **kw) * 0.1, torch.randn(HIDDEN, **kw),
+                  torch.randn(D, HIDDEN, **kw) * 0.1, torch.randn(D, **kw)]
+    norm = nn.LayerNorm(D, **kw)
+    fused_norm = fusednorm.FusedLayerNorm(D, **kw)
+    fused_norm.load_state_dict(norm.state_dict())
+    fused_ffn = fusednorm.FusedGeluFFN(D, HIDDEN, **kw)
+    eager_ffn = nn.Sequential(fused_ffn.fc1, nn.GELU(), fused_ffn.fc2)
+    block = fusednorm.FusedLayerNormGeluFFN(D, HIDDEN, **kw)
+    eager_block = _EagerBlock(block)
+    return [
+        Api("layer_norm", lambda x: fusednorm.layer_norm(x, (D,), w, b),
+            lambda x: F.layer_norm(x, (D,), w, b), [w, b]),
+        Api("FusedLayerNorm", fused_norm, norm, [*norm.parameters(), *fused_norm.parameters()]),
+        Api("gelu_ffn", lambda x: fusednorm.gelu_ffn(x, *ffn_params),
+            lambda x: F.linear(F.gelu(F.linear(x, *ffn_params[:2])), *ffn_params[2:]),
+            ffn_params),
+        Api("FusedGeluFFN", fused_ffn, eager_ffn, list(fused_ffn.parameters())),
+        Api("FusedLayerNormGeluFFN", block, eager_block,
+            [*block.parameters(), *eager_block.norm.parameters()]),
+    ]
+
+
+def _call(case: str, fn, x: torch.Tensor, dy: torch.Tensor) -> Callable[[], object]:
+    if case == "fwd (no grad)":
+        def run():
+            with torch.no_grad():
+                return fn(x)
+        return run
+    if case == "fwd (grad)":
+        return lambda: fn(x)
+    return lambda: torch.autograd.backward(fn(x), dy)
+
+
+def _round_us(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    harness.synchronize(device)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def measure(fused: Callable, reference: Callable, device: torch.device, rounds: int,
+            calls: int) -> tuple[list[float], list[float]]:
+    """Per-call µs of each, over `rounds` rounds that alternate between the two."""
+    for fn in (fused, reference):  # warm up: caches, lazy initialisation
+        _round_us(fn, max(10, calls // 10), device)
+    ours, theirs = [], []
+    for _ in range(rounds):
+        ours.append(_round_us(fused, calls, device))
+        theirs.append(_round_us(reference, calls, device))
+    return ours, theirs
+
+
+def _row(api: str, case: str, provider: str, samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"api": api, "pass": case, "provider": provider,
+            "us": round(statistics.median(samples), 2), "us_p20": round(pick(0.2), 2),
+            "us_p80": round(pick(0.8), 2)}
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
+    device = cli.resolve_device(args.device)
+    reason = availability.fusednorm_skip_reason(device, "layer_norm", "layer_norm")
+    if reason:
+        raise SystemExit(f"[{SUITE}] cannot run: {reason}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = stamp.header(SUITE, device)
+        busy = harness.busy_note(device)
+        notes = [busy] if busy else []
+        if busy:
+            print(f"[{SUITE}] warning: {busy}", file=sys.stderr)
+        rounds, calls = (5, 200) if args.quick else (15, 1000)
+        rows = []
+        for api in apis(device):
+            x = torch.randn(ROWS, D, device=device)
+            dy = torch.randn(ROWS, D, device=device)
+            for case in CASES:
+                grad = case != "fwd (no grad)"
+                for p in api.params:
+                    p.requires_grad_(grad)
+                xg = x.clone().requires_grad_(grad)
+                ours, theirs = measure(_call(case, api.fused, xg, dy),
+                                       _call(case, api.torch, xg, dy), device, rounds, calls)
+                rows += [_row(api.name, case, "fusednorm", ours), _row(api.name, case, "torch", theirs)]
+                print(f"[{SUITE}] {api.name:22s} {case:14s} fusednorm {rows[-2]['us']:8.2f} us"
+                      f"  torch {rows[-1]['us']:8.2f} us", file=sys.stderr)
+    finally:
+        torch.set_num_threads(threads)
+    for ours, theirs in zip(rows[::2], rows[1::2]):
+        ours["x_torch"] = round(ours["us"] / theirs["us"], 3)
+    result["rows"] = rows
+    notes.append(
+        f"Host µs per call on {ROWS}x{D} inputs (FFN hidden {HIDDEN}), float32, "
+        + ("one CPU thread" if device.type == "cpu" else "CUDA, wall time with a sync per round")
+        + f"; median of {rounds} rounds of {calls} calls alternating fusednorm/torch. "
+        "× torch = fusednorm's time over PyTorch's (lower is better; the target is ≤ 1.3 for "
+        "LayerNorm, ≤ 1.1 for the FFN blocks' fwd+bwd).")
+    md = markdown(result, notes)
+    folder = report.write(result, cli.out_root(args), md, lambda path: plot(result, path))
+    return result, md, folder
+
+
+def markdown(result: dict, notes: list[str]) -> str:
+    lines = [f"# {SUITE}: host time per call, {result['device']}", "",
+             f"torch {result['torch']}, commit {result['commit']}, {result['date']}", "",
+             "| api | pass | fusednorm µs | torch µs | × torch |", "|---|---|---:|---:|---:|"]
+    rows = result["rows"]
+    for ours, theirs in zip(rows[::2], rows[1::2]):
+        lines.append(f"| {ours['api']} | {ours['pass']} | {ours['us']:.2f} | {theirs['us']:.2f} "
+                     f"| {ours['x_torch']:.2f} |")
+    lines += [""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ours = result["rows"][::2]
+    labels = [f"{r['api']}\n{r['pass']}" for r in ours]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(ours) + 1.5))
+    ax.barh(range(len(ours)), [r["x_torch"] for r in ours], color="tab:blue")
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_yticks(range(len(ours)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("host time per call, fusednorm / PyTorch (lower is better)")
+    ax.set_title(f"overhead: {result['device']}, torch {result['torch']}, "
+                 f"{result['commit'][:10]}, {result['date'][:10]}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_common_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    result, md, folder = run(parser().parse_args(argv))
+    print(md)
+    print(f"results written to {folder}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
