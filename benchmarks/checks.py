@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 # Relative-error floor per dtype (‖out − ref64‖ / ‖ref64‖). A provider passes an output
-# when its error is at most max(2 × PyTorch eager's error, floor): DESIGN.md's "about
+# when its error is at most max(2 × PyTorch eager's error, floor): docs/DESIGN.md's "about
 # twice PyTorch's own error", with room for rounding that eager happens to avoid.
 REL_ERROR_FLOOR = {
     torch.float64: 1e-10,

@@ -1,4 +1,4 @@
-"""Writing a suite's results: <suite>.json (DESIGN.md's format), <suite>.md (providers side
+"""Writing a suite's results: <suite>.json (docs/DESIGN.md format), <suite>.md (providers side
 by side) and <suite>.png, under <out>/<device-slug>/."""
 from __future__ import annotations
 

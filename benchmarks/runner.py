@@ -1,6 +1,6 @@
 """The loop every suite shares: for each case, check each provider against a float64
 reference, then time fwd, bwd and fwd+bwd side by side and measure peak memory; returns the
-results object of DESIGN.md."""
+results object of docs/DESIGN.md."""
 from __future__ import annotations
 
 import contextlib
@@ -143,7 +143,7 @@ def _row(case: Case, pass_name: str, provider: str, timing, peak_mb) -> dict:
 
 def _finish_rows(rows: list[dict], copy_gbps: float, floor_provider: str | None) -> list[dict]:
     """Adds the derived figures (GB/s, % of copy, TFLOP/s, % of the GEMM floor), in the
-    key order of DESIGN.md."""
+    key order of docs/DESIGN.md."""
     floor_ms = {}
     if floor_provider:
         for row in rows:

@@ -60,7 +60,7 @@ def iso_now() -> str:
 
 
 def header(suite: str, device: torch.device) -> dict:
-    """The fields that open a results file, in DESIGN.md's order (copy_gbps and rows follow)."""
+    """The fields that open a results file, in docs/DESIGN.md's order (copy_gbps and rows follow)."""
     return {
         "suite": suite,
         "device": device_name(device),

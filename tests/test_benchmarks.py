@@ -1,4 +1,4 @@
-"""The benchmark scripts' plumbing: tiny runs whose results files must keep DESIGN.md's
+"""The benchmark scripts' plumbing: tiny runs whose results files must keep docs/DESIGN.md's
 format, and a wrong provider that must be refused before it is timed. (No timing is
 judged here: benchmarks, never tests, carry performance numbers.)"""
 from __future__ import annotations

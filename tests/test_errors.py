@@ -1,4 +1,4 @@
-"""Every bad input of DESIGN.md's Errors section raises a Python exception naming the
+"""Every bad input of docs/DESIGN.md's Errors section raises a Python exception naming the
 argument; the compiled ops defend themselves too."""
 from __future__ import annotations
 
