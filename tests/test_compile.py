@@ -31,6 +31,28 @@ def test_opcheck(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_public_ops(device):
+    """The public ops (any shape, autograd in C++) under opcheck, with grad and without."""
+    ops = torch.ops.fusednorm
+    for x, weight, bias in _opcheck_cases(device):
+        x3 = x.reshape(2, 3, 37)
+        for grad in (False, True):
+            args = [t.clone().requires_grad_(grad) if t is not None else None
+                    for t in (x3, weight, bias)]
+            torch.library.opcheck(ops.layer_norm.default, (args[0], [37], args[1], args[2], 1e-5))
+    for dtype in (torch.float32, torch.float64):
+        x = random_input((2, 3, 8), dtype, device).requires_grad_()
+        w1, w2 = (random_input(s, dtype, device, seed=i).requires_grad_()
+                  for i, s in ((1, (12, 8)), (2, (8, 12))))
+        b1, b2 = random_input((12,), dtype, device, seed=3), random_input((8,), dtype, device, seed=4)
+        torch.library.opcheck(ops.gelu_ffn.default, (x, w1, b1, w2, b2, "tanh"))
+        torch.library.opcheck(ops.gelu_ffn.default, (x, w1, None, w2, None, "none"))
+        ln_w = random_input((8,), dtype, device, seed=5)
+        torch.library.opcheck(ops.layer_norm_gelu_ffn.default,
+                              (x, ln_w, None, 1e-5, w1, b1, w2, b2, "none"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compile_fullgraph_forward_backward(device, dynamic):
     torch._dynamo.reset()
