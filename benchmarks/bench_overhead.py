@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
 
 
 def markdown(result: dict, notes: list[str]) -> str:
-    lines = [f"# {SUITE}: host time per call, {result['device']}", "",
+    lines = [f"# {SUITE} on {result['device']}: host time per call", "",
              f"torch {result['torch']}, commit {result['commit']}, {result['date']}", "",
              "| api | pass | fusednorm µs | torch µs | × torch |", "|---|---|---:|---:|---:|"]
     rows = result["rows"]

@@ -87,3 +87,19 @@ def test_cli_parsing():
                 lambda: cli.parse_passes("back")):
         with pytest.raises(Exception):
             bad()
+
+
+def test_overhead_results_format(tmp_path):
+    from benchmarks import bench_overhead
+
+    args = bench_overhead.parser().parse_args(["--device", "cpu", "--out", str(tmp_path), "--quick"])
+    result, md, folder = bench_overhead.run(args)
+    assert list(result) == [k for k in TOP_KEYS if k != "copy_gbps"]
+    apis = {"layer_norm", "FusedLayerNorm", "gelu_ffn", "FusedGeluFFN", "FusedLayerNormGeluFFN"}
+    assert {r["api"] for r in result["rows"]} == apis
+    assert len(result["rows"]) == len(apis) * 3 * 2  # apis x passes x providers
+    for ours, theirs in zip(result["rows"][::2], result["rows"][1::2]):
+        assert (ours["provider"], theirs["provider"]) == ("fusednorm", "torch")
+        assert ours["x_torch"] == pytest.approx(ours["us"] / theirs["us"], rel=1e-2)
+        assert 0 < ours["us_p20"] <= ours["us"] <= ours["us_p80"]
+    _check_files(result, folder, "overhead")
