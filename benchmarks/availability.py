@@ -49,3 +49,13 @@ def liger_layer_norm():
     except Exception:  # ImportError, or a Triton/driver error at import
         return None
     return LigerLayerNormFunction
+
+
+@functools.cache
+def liger_rms_norm():
+    """Liger-Kernel's LigerRMSNormFunction, or None when Liger is not importable."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception:  # ImportError, or a Triton/driver error at import
+        return None
+    return LigerRMSNormFunction

@@ -11,9 +11,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_overhead, cli
+from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family, bench_overhead, cli
 
-SUITES = {module.SUITE: module for module in (bench_layer_norm, bench_gelu_ffn, bench_overhead)}
+SUITES = {suite.SUITE: suite for suite in (bench_layer_norm, *bench_norm_family.SUITES.values(),
+                                         bench_gelu_ffn, bench_overhead)}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -17,7 +17,8 @@ PASSES = ("fwd", "bwd", "fwd+bwd")
 
 @dataclass
 class Provider:
-    """One implementation under test: y = forward(x), differentiable in x and params."""
+    """One implementation under test: y = forward(x), differentiable in x and params; y
+    may be a tuple of outputs (then each input set's dy is a tuple too)."""
 
     name: str
     forward: Callable[[torch.Tensor], torch.Tensor]
@@ -54,9 +55,17 @@ def _sig(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else float(f"{value:.{digits}g}")
 
 
-def _fwd_bwd(provider: Provider, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+def _as_list(t) -> list[torch.Tensor]:
+    return list(t) if isinstance(t, (tuple, list)) else [t]
+
+
+def _grad(y, leaves, dy, retain_graph=False):
+    return torch.autograd.grad(_as_list(y), leaves, _as_list(dy), retain_graph=retain_graph)
+
+
+def _fwd_bwd(provider: Provider, x: torch.Tensor, dy) -> list[torch.Tensor]:
     y = provider.forward(x)
-    return [y.detach(), *torch.autograd.grad(y, [x, *provider.params], dy)]
+    return [*(t.detach() for t in _as_list(y)), *_grad(y, [x, *provider.params], dy)]
 
 
 def _calls(pass_name: str, provider: Provider, inputs) -> list[Callable[[], object]]:
@@ -68,13 +77,11 @@ def _calls(pass_name: str, provider: Provider, inputs) -> list[Callable[[], obje
         for x, dy in inputs:
             y, leaves = provider.forward(x), [x, *provider.params]
             calls.append(
-                lambda y=y, leaves=leaves, dy=dy: torch.autograd.grad(
-                    y, leaves, dy, retain_graph=True
-                )
+                lambda y=y, leaves=leaves, dy=dy: _grad(y, leaves, dy, retain_graph=True)
             )
         return calls
     return [
-        lambda x=x, dy=dy: torch.autograd.grad(provider.forward(x), [x, *provider.params], dy)
+        lambda x=x, dy=dy: _grad(provider.forward(x), [x, *provider.params], dy)
         for x, dy in inputs
     ]
 

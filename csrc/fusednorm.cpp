@@ -44,6 +44,19 @@ TORCH_LIBRARY(fusednorm, m) {
   m.def(
       "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,"
       " float eps) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // RMSNorm over the trailing normalized_shape dims, as torch.nn.functional.rms_norm (eps
+  // None: the machine epsilon of float32, or of float64 for a float64 input), and rstd.
+  m.def(
+      "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps)"
+      " -> (Tensor out, Tensor rstd)");
+  // s = input + residual (input's dtype), then LayerNorm / RMSNorm of s, in one pass over
+  // memory: (norm(s), s, statistics); norm(s) and s are differentiable.
+  m.def(
+      "add_layer_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight,"
+      " Tensor? bias, float eps) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)");
+  m.def(
+      "add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight,"
+      " float? eps) -> (Tensor out, Tensor sum, Tensor rstd)");
   // gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre =
   // input @ weight1.T + bias1 as [M, hidden] rows (not differentiable).
   m.def(
@@ -57,6 +70,20 @@ TORCH_LIBRARY(fusednorm, m) {
       " -> (Tensor out, Tensor mean, Tensor rstd, Tensor hidden_pre)");
 
   // --- backend ops: contiguous [M, N] rows, one kernel per device, no autograd ---
+
+  // The norm family over the rows of a contiguous [M, N] input: LayerNorm (centered) or
+  // RMSNorm (not centered: no mean, no bias), normalizing input + residual when a residual
+  // is given. sum = input + residual in the input's dtype ([0] without a residual); mean
+  // ([M]; [0] for RMSNorm) and rstd ([M]) are float32 (float64 for a float64 input).
+  m.def(
+      "norm_fwd(Tensor input, Tensor? residual, Tensor? weight, Tensor? bias, float eps,"
+      " bool centered) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)");
+  // input is what was normalized (the sum, with a residual); grad_sum, the gradient of the
+  // sum output, is added to grad_input. grad_weight / grad_bias as layer_norm_bwd's.
+  m.def(
+      "norm_bwd(Tensor grad_out, Tensor? grad_sum, Tensor input, Tensor mean, Tensor rstd,"
+      " Tensor? weight, Tensor? bias, bool centered) -> (Tensor grad_input,"
+      " Tensor grad_weight, Tensor grad_bias)");
 
   // LayerNorm over the rows of a contiguous [M, N] input. mean and rstd are [M], float32
   // (float64 for a float64 input), saved for the backward.

@@ -1,8 +1,8 @@
 """fusednorm: fused LayerNorm and GELU feed-forward kernels for PyTorch (CPU and CUDA)."""
 from . import reference
-from .functional import gelu_ffn, layer_norm
+from .functional import add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, rms_norm
 from .info import __version__, build_info
-from .modules import FusedGeluFFN, FusedLayerNorm, FusedLayerNormGeluFFN
+from .modules import FusedGeluFFN, FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm
 from .ops import FusedLayerNormFunction, GeluFFNFunction, LayerNormGeluFFNFunction
 from .patch import replace_layernorm
 
@@ -11,12 +11,16 @@ __all__ = [
     "FusedLayerNorm",
     "FusedLayerNormFunction",
     "FusedLayerNormGeluFFN",
+    "FusedRMSNorm",
     "GeluFFNFunction",
+    "add_layer_norm",
+    "add_rms_norm",
     "LayerNormGeluFFNFunction",
     "build_info",
     "gelu_ffn",
     "layer_norm",
     "reference",
     "replace_layernorm",
+    "rms_norm",
     "__version__",
 ]

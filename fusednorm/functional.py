@@ -1,6 +1,6 @@
 """Functional forms with the signatures of torch.nn.functional.
 
-Each is one call of a compiled op (fusednorm/ops.py), which checks its arguments, runs the
+Each is one call of a compiled op (fusednorm/ops/), which checks its arguments, runs the
 kernels and carries the autograd formula in C++. Python steps in only when that call
 fails: to name an argument of the wrong Python type (the op's schema rejects it with a
 generic message), or to fall back to fusednorm.reference where no kernel was compiled for
@@ -16,65 +16,77 @@ import torch
 from . import _loader, ops, reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_warned_fallback: set[str] = set()
+_warned_fallback: set[tuple[str, str]] = set()
 
 
-def _normalized_shape_tuple(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
+def _normalized_shape_tuple(normalized_shape: int | Sequence[int],
+                            fn: str = "fusednorm.layer_norm") -> tuple[int, ...]:
     if isinstance(normalized_shape, int):
         return (normalized_shape,)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, (list, tuple)):
         if all(isinstance(d, int) for d in normalized_shape):
             return tuple(normalized_shape)
     raise TypeError(
-        f"fusednorm.layer_norm: normalized_shape must be an int or a sequence of ints, "
-        f"got {normalized_shape!r}"
+        f"{fn}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
     )
 
 
-def _check_param(name: str, param, input: torch.Tensor, shape: tuple[int, ...]) -> None:
+def _check_param(name: str, param, input: torch.Tensor, shape: tuple[int, ...],
+                 fn: str = "fusednorm.layer_norm") -> None:
     if param is None:
         return
     if not isinstance(param, torch.Tensor):
-        raise TypeError(f"fusednorm.layer_norm: {name} must be a Tensor or None, got {type(param).__name__}")
+        raise TypeError(f"{fn}: {name} must be a Tensor or None, got {type(param).__name__}")
     if tuple(param.shape) != shape:
         raise ValueError(
-            f"fusednorm.layer_norm: {name} must have shape normalized_shape={list(shape)}, "
-            f"got {list(param.shape)}"
+            f"{fn}: {name} must have shape normalized_shape={list(shape)}, got {list(param.shape)}"
         )
     if param.device != input.device:
-        raise RuntimeError(
-            f"fusednorm.layer_norm: {name} is on {param.device} but input is on {input.device}"
-        )
+        raise RuntimeError(f"{fn}: {name} is on {param.device} but input is on {input.device}")
     mixed_ok = input.dtype in (torch.float16, torch.bfloat16) and param.dtype == torch.float32
     if param.dtype != input.dtype and not mixed_ok:
         raise TypeError(
-            f"fusednorm.layer_norm: {name} must have the input's dtype ({input.dtype}) or "
+            f"{fn}: {name} must have the input's dtype ({input.dtype}) or "
             f"float32 for a float16/bfloat16 input, got {param.dtype}"
         )
 
 
-def _check_layer_norm_args(input, shape, weight, bias, eps) -> None:
+def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_norm") -> None:
     if not isinstance(input, torch.Tensor):
-        raise TypeError(f"fusednorm.layer_norm: input must be a Tensor, got {type(input).__name__}")
+        raise TypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
     if input.dtype not in _FLOAT_DTYPES:
-        raise TypeError(
-            "fusednorm.layer_norm: input must be float32, float64, float16 or bfloat16, "
-            f"got {input.dtype}"
-        )
+        raise TypeError(f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}")
     if not shape or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise ValueError(
-            f"fusednorm.layer_norm: normalized_shape={list(shape)} must be non-empty and equal "
+            f"{fn}: normalized_shape={list(shape)} must be non-empty and equal "
             f"the trailing dims of input, whose shape is {list(input.shape)}"
         )
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
-        raise ValueError(f"fusednorm.layer_norm: eps must be a float >= 0, got {eps!r}")
-    _check_param("weight", weight, input, shape)
-    _check_param("bias", bias, input, shape)
+        raise ValueError(f"{fn}: eps must be a float >= 0, got {eps!r}")
+    _check_param("weight", weight, input, shape, fn)
+    _check_param("bias", bias, input, shape, fn)
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
         raise TypeError(
-            f"fusednorm.layer_norm: weight and bias must share a dtype, got {weight.dtype} "
-            f"and {bias.dtype}"
+            f"{fn}: weight and bias must share a dtype, got {weight.dtype} and {bias.dtype}"
         )
+
+
+def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
+                     residual=None, has_residual=False) -> None:
+    """The norm family's checks (eps None: RMSNorm's default), with the residual's."""
+    shape = _normalized_shape_tuple(normalized_shape, fn)
+    _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
+    if has_residual:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
+        if residual.shape != input.shape:
+            raise ValueError(f"{fn}: residual must have the input's shape {list(input.shape)}, "
+                             f"got {list(residual.shape)}")
+        if residual.device != input.device:
+            raise RuntimeError(f"{fn}: residual is on {residual.device} but input is on {input.device}")
+        if residual.dtype != input.dtype:
+            raise TypeError(f"{fn}: residual must have the input's dtype ({input.dtype}), "
+                            f"got {residual.dtype}")
 
 
 def _autocast_to_fp32(input, weight, bias):
@@ -89,11 +101,12 @@ def _autocast_to_fp32(input, weight, bias):
     return input, weight, bias
 
 
-def _warn_fallback(device_type: str) -> None:
-    if device_type not in _warned_fallback:
-        _warned_fallback.add(device_type)
+def _warn_fallback(device_type: str, instead: str = "the plain-PyTorch reference") -> None:
+    """Warns once per device type (and fallback) that no compiled kernel serves it."""
+    if (device_type, instead) not in _warned_fallback:
+        _warned_fallback.add((device_type, instead))
         reason = _loader.LOAD_ERROR or f"no fusednorm kernel for {device_type} tensors"
-        warnings.warn(f"{reason}; using the plain-PyTorch reference", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"{reason}; using {instead}", RuntimeWarning, stacklevel=4)
 
 
 def _explain(error: RuntimeError, input, backend_op: str, check, *args) -> None:
@@ -131,7 +144,7 @@ def layer_norm(
 
 
 def _check_layer_norm_call(input, normalized_shape, weight, bias, eps) -> None:
-    _check_layer_norm_args(input, _normalized_shape_tuple(normalized_shape), weight, bias, eps)
+    _check_norm_call("fusednorm.layer_norm", input, normalized_shape, weight, bias, eps)
 
 
 def _reference_layer_norm(input, normalized_shape, weight, bias, eps):
@@ -140,6 +153,82 @@ def _reference_layer_norm(input, normalized_shape, weight, bias, eps):
     input, weight, bias = _autocast_to_fp32(input, weight, bias)
     _warn_fallback(input.device.type)
     return reference.layer_norm(input, shape, weight, bias, eps, upcast=False)
+
+
+def rms_norm(
+    input: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """RMSNorm over the trailing `normalized_shape` dims: x / sqrt(mean(x²) + eps) * weight;
+    same signature, defaults and result as torch.nn.functional.rms_norm (eps=None: the
+    machine epsilon of float32, or of float64 for float64 input, as PyTorch computes it).
+    Statistics in float32 (float64 for float64), output in the input's dtype."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if ops.RMS_NORM is not None:
+        try:
+            return ops.RMS_NORM(input, normalized_shape, weight, eps)[0]
+        except RuntimeError as error:
+            _explain(error, input, "norm_fwd", _check_norm_call, "fusednorm.rms_norm", input,
+                     normalized_shape, weight, None, eps)
+    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps)
+    input, weight, _ = _autocast_to_fp32(input, weight, None)
+    _warn_fallback(input.device.type)
+    return reference.rms_norm(input, normalized_shape, weight, eps, upcast=False)
+
+
+def add_layer_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(s, normalized_shape, weight, bias, eps), s) with s = input + residual in
+    the input's dtype: the pre-norm residual step of a transformer, in one pass over memory
+    (reads input and residual once, writes both outputs once). Both are differentiable."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if ops.ADD_LAYER_NORM is not None:
+        try:
+            out, total, _, _ = ops.ADD_LAYER_NORM(input, residual, normalized_shape, weight, bias, eps)
+            return out, total
+        except RuntimeError as error:
+            _explain(error, input, "norm_fwd", _check_norm_call, "fusednorm.add_layer_norm",
+                     input, normalized_shape, weight, bias, eps, residual, True)
+    _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
+                     residual, True)
+    _warn_fallback(input.device.type, "input + residual, then layer_norm (two passes)")
+    total = input + residual
+    return layer_norm(total, normalized_shape, weight, bias, eps), total
+
+
+def add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(s, normalized_shape, weight, eps), s) with s = input + residual in the
+    input's dtype, in one pass over memory; both outputs differentiable."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if ops.ADD_RMS_NORM is not None:
+        try:
+            out, total, _ = ops.ADD_RMS_NORM(input, residual, normalized_shape, weight, eps)
+            return out, total
+        except RuntimeError as error:
+            _explain(error, input, "norm_fwd", _check_norm_call, "fusednorm.add_rms_norm",
+                     input, normalized_shape, weight, None, eps, residual, True)
+    _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
+                     residual, True)
+    _warn_fallback(input.device.type, "input + residual, then rms_norm (two passes)")
+    total = input + residual
+    return rms_norm(total, normalized_shape, weight, eps), total
 
 
 _APPROXIMATE = ("none", "tanh")

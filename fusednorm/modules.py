@@ -20,6 +20,15 @@ class FusedLayerNorm(nn.LayerNorm):
         return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
+class FusedRMSNorm(nn.RMSNorm):
+    """torch.nn.RMSNorm computed by fusednorm's kernels: a subclass with the same
+    constructor, attributes, parameter (`weight`) and state_dict keys, adding no state of
+    its own (so replace_norms() can swap the class of an existing module in place)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+
 def _check_approximate(approximate: str) -> str:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")

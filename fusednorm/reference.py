@@ -1,7 +1,7 @@
 """Plain-PyTorch math for fusednorm's ops: the textbook formulas, differentiable.
 
 Tests compare the kernels against these in float64; fusednorm also falls back to them
-when its compiled library is missing, and uses them for double backward.
+where no kernel is compiled for a device (or the library is missing).
 """
 from __future__ import annotations
 
@@ -44,35 +44,41 @@ def layer_norm(
     return y if upcast else y.to(input.dtype)
 
 
-def layer_norm_backward(
-    grad_out: torch.Tensor,
+def rms_eps(dtype: torch.dtype) -> float:
+    """torch.nn.functional.rms_norm's eps=None: the machine epsilon of the computation type
+    (float32 for float16/bfloat16/float32, float64 for float64)."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def rms_norm(
     input: torch.Tensor,
-    weight: torch.Tensor | None,
-    eps: float,
-    n_norm_dims: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dweight, dbias) of LayerNorm over the last `n_norm_dims` dims, by the closed form
-
-        xhat = (x - mean) * rstd,  g = dy * weight
-        dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum(dy * xhat),
-        dbias = sum(dy)
-
-    computed differentiably from x (mean and rstd are recomputed), in the accumulation
-    dtype (float32, float64 for float64). Gradients come back in the input's dtype.
-    """
-    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
-    dims = tuple(range(-n_norm_dims, 0))
-    batch_dims = tuple(range(input.dim() - n_norm_dims))
+    normalized_shape: _Shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dims; eps None as rms_eps. upcast
+    as layer_norm's."""
+    acc = torch.float64 if upcast or input.dtype == torch.float64 else torch.float32
+    eps = rms_eps(input.dtype) if eps is None else eps
     x = input.to(acc)
-    dy = grad_out.to(acc)
-    mean = x.mean(dim=dims, keepdim=True)
-    rstd = torch.rsqrt((x - mean).square().mean(dim=dims, keepdim=True) + eps)
-    xhat = (x - mean) * rstd
-    g = dy * weight.to(acc) if weight is not None else dy
-    dx = rstd * (g - g.mean(dim=dims, keepdim=True) - xhat * (g * xhat).mean(dim=dims, keepdim=True))
-    dweight = (dy * xhat).sum(dim=batch_dims)
-    dbias = dy.sum(dim=batch_dims)
-    return dx.to(input.dtype), dweight, dbias
+    y = x * torch.rsqrt(x.square().mean(dim=_dims(normalized_shape), keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(acc)
+    return y if upcast else y.to(input.dtype)
+
+
+def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
+                   upcast=True):
+    """(layer_norm(s), s) with s = input + residual in the input's dtype (as eager)."""
+    s = input + residual
+    return layer_norm(s, normalized_shape, weight, bias, eps, upcast), s
+
+
+def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, upcast=True):
+    """(rms_norm(s), s) with s = input + residual in the input's dtype (as eager)."""
+    s = input + residual
+    return rms_norm(s, normalized_shape, weight, eps, upcast), s
 
 
 def gelu_ffn(

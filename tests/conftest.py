@@ -46,3 +46,36 @@ def random_input(shape, dtype, device, scale=3.0, shift=1.0, seed=0):
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift).to(
         device=device, dtype=dtype
     )
+
+
+def check_outputs_and_grads(fused_fn, torch_fn, ref_fn, tensors, names, grad_seed=7):
+    """Runs fused_fn, torch_fn (same dtype) and ref_fn (float64 leaves) on `tensors` (None
+    allowed), each returning a tuple of outputs; checks every output and then every
+    gradient (for random output gradients) within the three-way bound. Gradients of
+    parameters (anything but the first two names' tensors of the same shape as input) get
+    a slack that grows with the rows they sum over."""
+    x = tensors[0]
+    dtype = x.dtype
+
+    def leaves(cast):
+        return [cast(t).requires_grad_() if t is not None else None for t in tensors]
+
+    mine = leaves(lambda t: t.detach().clone())
+    theirs = leaves(lambda t: t.detach().clone())
+    ref = leaves(lambda t: t.detach().double())
+    outs, expected, ref_outs = fused_fn(*mine), torch_fn(*theirs), ref_fn(*ref)
+    for i, (o, e, r) in enumerate(zip(outs, expected, ref_outs)):
+        assert o.dtype == e.dtype and o.shape == e.shape, f"output {i}: {o.dtype} {o.shape}"
+        assert_close_three_way(o, e, r, dtype, what=f"output {i}")
+    grads = [random_input(o.shape, o.dtype, o.device, scale=1.0, shift=0.0, seed=grad_seed + i)
+             for i, o in enumerate(outs)]
+    torch.autograd.backward(list(outs), grads)
+    torch.autograd.backward(list(expected), grads)
+    torch.autograd.backward(list(ref_outs), [g.double() for g in grads])
+    for name, m, t, r in zip(names, mine, theirs, ref):
+        if m is None:
+            continue
+        assert m.grad is not None and m.grad.dtype == m.dtype, f"gradient of {name}"
+        rows = 1 if m.shape == x.shape else x.numel() // max(1, m.numel())
+        atol = ATOL[dtype] * max(1, rows) ** 0.5
+        assert_close_three_way(m.grad, t.grad, r.grad, dtype, what=f"grad {name}", atol=atol)

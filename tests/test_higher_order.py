@@ -109,7 +109,13 @@ def _module_cases(device):
     fused_ffn = fusednorm.FusedGeluFFN(d, 16)
     fused_ffn.load_state_dict({"fc1.weight": ffn[0].weight, "fc1.bias": ffn[0].bias,
                                "fc2.weight": ffn[2].weight, "fc2.bias": ffn[2].bias})
-    pairs = {"FusedLayerNorm": (fused_norm, norm), "FusedGeluFFN": (fused_ffn, ffn),
+    rms = nn.RMSNorm(d)
+    with torch.no_grad():
+        rms.weight.uniform_(0.5, 1.5)
+    fused_rms = fusednorm.FusedRMSNorm(d)
+    fused_rms.load_state_dict(rms.state_dict())
+    pairs = {"FusedLayerNorm": (fused_norm, norm), "FusedRMSNorm": (fused_rms, rms),
+             "FusedGeluFFN": (fused_ffn, ffn),
              "FusedLayerNormGeluFFN": (block, eager_block)}
     return {k: (f.to(device, torch.float64), e.to(device, torch.float64)) for k, (f, e) in pairs.items()}
 
@@ -129,7 +135,8 @@ class _EagerBlock(nn.Module):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["FusedLayerNorm", "FusedGeluFFN", "FusedLayerNormGeluFFN"])
+@pytest.mark.parametrize("name", ["FusedLayerNorm", "FusedRMSNorm", "FusedGeluFFN",
+                                  "FusedLayerNormGeluFFN"])
 def test_gradient_penalty_step_modules(device, name):
     fused, eager = _module_cases(device)[name]
     x = _rand((4, 3, 6), device, 5, scale=2.0)
@@ -137,7 +144,8 @@ def test_gradient_penalty_step_modules(device, name):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fn", ["layer_norm", "gelu_ffn", "layer_norm_gelu_ffn"])
+@pytest.mark.parametrize("fn", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
+                                "gelu_ffn", "layer_norm_gelu_ffn"])
 def test_gradient_penalty_step_functions(device, fn):
     x = _rand((5, 6), device, 7, scale=2.0)
     ln = [_rand((6,), device, s).requires_grad_() for s in (1, 2)]
@@ -146,6 +154,24 @@ def test_gradient_penalty_step_functions(device, fn):
         params = ln
         fused = lambda x: fusednorm.layer_norm(x, (6,), *params)  # noqa: E731
         eager = lambda x: F.layer_norm(x, (6,), *params)  # noqa: E731
+    elif fn == "rms_norm":
+        params = ln[:1]
+        fused = lambda x: fusednorm.rms_norm(x, (6,), ln[0])  # noqa: E731
+        eager = lambda x: F.rms_norm(x, (6,), ln[0])  # noqa: E731
+    elif fn.startswith("add_"):
+        # Both outputs feed the loss: the penalty differentiates through norm(s) and s.
+        residual = _rand((5, 6), device, 8).requires_grad_()
+        norm = F.layer_norm if fn == "add_layer_norm" else F.rms_norm
+        norm_args = ln if fn == "add_layer_norm" else ln[:1]
+        params = norm_args + [residual]
+
+        def fused(x):
+            y, s = getattr(fusednorm, fn)(x, residual, (6,), *norm_args)
+            return y * s
+
+        def eager(x):
+            s = x + residual
+            return norm(s, (6,), *norm_args) * s
     elif fn == "gelu_ffn":
         params = ffn
         fused = lambda x: fusednorm.gelu_ffn(x, *params)  # noqa: E731

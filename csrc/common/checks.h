@@ -105,3 +105,41 @@ inline void check_layer_norm_bwd_args(const at::Tensor& grad_out, const at::Tens
 }
 
 }  // namespace fusednorm
+
+namespace fusednorm {
+
+// A tensor that must match input exactly: shape, dtype, device, contiguous rows.
+inline void check_like_input(const at::Tensor& t, const char* name, const at::Tensor& input) {
+  TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(),
+              "fusednorm: ", name, " must match input (", input.sizes(), ", ",
+              input.scalar_type(), "), got ", t.sizes(), ", ", t.scalar_type());
+  TORCH_CHECK(t.device() == input.device(), "fusednorm: ", name, " is on ", t.device(),
+              " but input is on ", input.device());
+  TORCH_CHECK(t.is_contiguous(), "fusednorm: ", name, " must be contiguous");
+}
+
+// norm_fwd: LayerNorm (centered) or RMSNorm (no mean, no bias), with an optional residual.
+inline void check_norm_fwd_args(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                                const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, double eps,
+                                bool centered) {
+  check_layer_norm_fwd_args(input, weight, bias, eps);
+  TORCH_CHECK(centered || !given(bias), "fusednorm: RMSNorm (centered=False) takes no bias");
+  if (given(residual)) check_like_input(*residual, "residual", input);
+}
+
+inline void check_norm_bwd_args(const at::Tensor& grad_out,
+                                const std::optional<at::Tensor>& grad_sum,
+                                const at::Tensor& input, const at::Tensor& mean,
+                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, bool centered) {
+  check_rows(input, "input");
+  check_like_input(grad_out, "grad_out", input);
+  if (given(grad_sum)) check_like_input(*grad_sum, "grad_sum", input);
+  if (centered) check_stats(mean, "mean", input);
+  check_stats(rstd, "rstd", input);
+  check_params(weight, bias, input);
+  TORCH_CHECK(centered || !given(bias), "fusednorm: RMSNorm (centered=False) takes no bias");
+}
+
+}  // namespace fusednorm

@@ -24,6 +24,13 @@ void dispatch_input_and_param(at::ScalarType input, at::ScalarType param, Fn&& f
   });
 }
 
+// Calls fn(std::bool_constant<a>{}): a runtime flag as a compile-time constant.
+template <typename Fn>
+void dispatch_bool(bool a, Fn&& fn) {
+  if (a) return fn(std::true_type{});
+  return fn(std::false_type{});
+}
+
 // Calls fn(std::bool_constant<a>{}, std::bool_constant<b>{}) so that two runtime flags
 // become compile-time constants of the kernel (no per-element branches).
 template <typename Fn>

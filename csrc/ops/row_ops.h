@@ -29,6 +29,21 @@ inline const auto& layer_norm_bwd() {
   return op;
 }
 
+inline const auto& norm_fwd() {
+  static const auto op = fusednorm_op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, double, bool)>(
+      "fusednorm::norm_fwd");
+  return op;
+}
+
+inline const auto& norm_bwd() {
+  static const auto op =
+      fusednorm_op<Tensor3(const at::Tensor&, const OptTensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, const OptTensor&,
+                           const OptTensor&, bool)>("fusednorm::norm_bwd");
+  return op;
+}
+
 inline const auto& layer_norm_apply() {
   static const auto op =
       fusednorm_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,

@@ -1,0 +1,216 @@
+"""Suites `rms_norm`, `add_layer_norm`, `add_rms_norm`: fusednorm against PyTorch eager (the
+composite `s = x + r; norm(s)` for the add_* ops), torch.compile of it and Liger-Kernel's
+RMSNorm (GPU, when importable), fwd / bwd / fwd+bwd, judged by the minimal bytes each pass
+must move against the copy bandwidth measured in the same run.
+
+    python -m benchmarks.bench_norm_family rms_norm [--device cpu] [--dtypes bf16] ...
+
+A suite is a NormSuite: its providers' functions, its minimal bytes, its float64
+reference. The cases, checks, timing and files are the shared harness's (runner, report).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import availability, cli, harness, report, runner
+
+try:
+    import fusednorm
+except ImportError:  # reported by availability.fusednorm_skip_reason
+    fusednorm = None
+
+EPS = 1e-6
+CPU_SHAPES = [(4096, 1024), (1024, 4096), (8192, 768)]
+CPU_DTYPES = [torch.float32, torch.bfloat16]
+GPU_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+GPU_ELEMENTS = 1 << 26
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@dataclass
+class NormSuite:
+    """One op's suite. Functions take (x, r, w) and return the op's differentiable outputs
+    (r is None for ops without a residual)."""
+
+    SUITE: str
+    functions: dict[str, Callable]
+    residual: bool
+    outputs: list[str]
+
+    def minimal_bytes(self, M: int, N: int, dtype: torch.dtype) -> dict[str, int]:
+        """fwd reads x (and r), w; writes y (and s) and rstd. bwd reads x (or s), dy (and
+        ds), rstd, w; writes dx (and dr: the same values, counted once) and dw."""
+        size = torch.finfo(dtype).bits // 8
+        rows, stats = M * N * size, M * (8 if dtype == torch.float64 else 4)
+        streams = 2 if self.residual else 1
+        fwd = (2 * streams) * rows + N * size + stats
+        bwd = (2 + streams) * rows + stats + 2 * N * size
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
+
+    def parser(self) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(description=f"suite {self.SUITE}: " + __doc__.splitlines()[0])
+        cli.add_common_arguments(p)
+        cli.add_suite_arguments(p, list(self.functions))
+        return p
+
+    def run(self, args: argparse.Namespace):
+        return run(self, args)
+
+
+def _rms(x, r, w):
+    return F.rms_norm(x, x.shape[-1:], w, EPS)
+
+
+def _add_rms(x, r, w):
+    s = x + r
+    return F.rms_norm(s, s.shape[-1:], w, EPS), s
+
+
+def _add_layer_norm(x, r, w):
+    s = x + r
+    return F.layer_norm(s, s.shape[-1:], w, None, EPS), s
+
+
+def _liger_rms(x, r, w):
+    return availability.liger_rms_norm().apply(x, w, EPS)
+
+
+# torch.compile specialised to each case's shape (dynamic=False): the strongest baseline;
+# the runner resets dynamo between cases.
+RMS_NORM = NormSuite("rms_norm", {
+    "fusednorm": lambda x, r, w: fusednorm.rms_norm(x, x.shape[-1:], w, EPS),
+    "torch": _rms, "torch.compile": torch.compile(_rms, dynamic=False), "liger": _liger_rms,
+}, residual=False, outputs=["y"])
+ADD_RMS_NORM = NormSuite("add_rms_norm", {
+    "fusednorm": lambda x, r, w: fusednorm.add_rms_norm(x, r, x.shape[-1:], w, EPS),
+    "torch": _add_rms, "torch.compile": torch.compile(_add_rms, dynamic=False),
+}, residual=True, outputs=["y", "s"])
+ADD_LAYER_NORM = NormSuite("add_layer_norm", {
+    "fusednorm": lambda x, r, w: fusednorm.add_layer_norm(x, r, x.shape[-1:], w, None, EPS),
+    "torch": _add_layer_norm, "torch.compile": torch.compile(_add_layer_norm, dynamic=False),
+}, residual=True, outputs=["y", "s"])
+SUITES = {s.SUITE: s for s in (RMS_NORM, ADD_LAYER_NORM, ADD_RMS_NORM)}
+
+
+def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int]]:
+    if device.type == "cpu":
+        return CPU_SHAPES[:1] if quick else CPU_SHAPES
+    ns = [1024, 4096, 16384] if quick else GPU_NS
+    return [(math.ceil(GPU_ELEMENTS / n), n) for n in ns]
+
+
+def case_builder(suite: NormSuite, M: int, N: int, dtype, device, names):
+    def build() -> runner.Case:
+        torch.manual_seed(0)
+        size = torch.finfo(dtype).bits // 8
+        streams = 3 if suite.residual else 2
+        sets = harness.input_sets_needed(streams * M * N * size, device)
+
+        def rand(*shape, scale=1.0, shift=0.0):
+            return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
+
+        residual = rand(M, N, scale=2.0).requires_grad_() if suite.residual else None
+        weight = rand(N, scale=0.5, shift=1.0).requires_grad_()
+        params = [weight] + ([residual] if suite.residual else [])
+        outputs = len(suite.outputs)
+
+        def dys():
+            return tuple(rand(M, N) for _ in range(outputs)) if outputs > 1 else rand(M, N)
+
+        inputs = [(rand(M, N, scale=2.0, shift=0.5).requires_grad_(), dys()) for _ in range(sets)]
+
+        def reference() -> list[torch.Tensor]:
+            x, dy = inputs[0]
+            leaves = [t.detach().double().requires_grad_() for t in (x, *params)]
+            r = leaves[2] if suite.residual else None
+            y = suite.functions["torch"](leaves[0], r, leaves[1])
+            ys = list(y) if isinstance(y, tuple) else [y]
+            dys_ = [d.double() for d in (dy if isinstance(dy, tuple) else (dy,))]
+            return [t.detach() for t in ys] + list(torch.autograd.grad(ys, leaves, dys_))
+
+        def provider(name):
+            fn = suite.functions[name]
+            return runner.Provider(name, lambda x: fn(x, residual, weight), params)
+
+        grads = ["dx", "dweight"] + (["dresidual"] if suite.residual else [])
+        return runner.Case(dtype=dtype, fields={"M": M, "N": N}, inputs=inputs,
+                           providers=[provider(n) for n in names], reference=reference,
+                           output_names=suite.outputs + grads,
+                           bytes=suite.minimal_bytes(M, N, dtype))
+
+    return build
+
+
+def usable_providers(suite: NormSuite, wanted, device, notes: list[str]) -> list[str]:
+    usable = []
+    for name in wanted:
+        if name not in suite.functions:
+            raise SystemExit(f"unknown provider {name!r}; choose among {list(suite.functions)}")
+        reason = None
+        if name == "fusednorm":
+            reason = availability.fusednorm_skip_reason(device, "norm_fwd", suite.SUITE)
+        elif name == "liger":
+            if device.type != "cuda":
+                reason = "Liger-Kernel runs on GPUs only"
+            elif availability.liger_rms_norm() is None:
+                reason = "liger_kernel is not importable (pip install liger-kernel)"
+        if reason is None:
+            usable.append(name)
+        else:
+            notes.append(f"{name} not benchmarked: {reason}")
+    return usable
+
+
+def run(suite: NormSuite, args: argparse.Namespace):
+    device = cli.resolve_device(args.device)
+    shapes = args.shapes or default_shapes(device, args.quick)
+    dtypes = args.dtypes or (CPU_DTYPES if device.type == "cpu"
+                             else GPU_DTYPES[:1] if args.quick else GPU_DTYPES)
+    notes: list[str] = []
+    names = usable_providers(suite, args.providers, device, notes)
+    for note in notes:
+        print(f"[{suite.SUITE}] {note}", file=sys.stderr)
+    settings = runner.Settings(suite.SUITE, device, args.passes, cli.budget_s(args, device),
+                               notes=notes)
+    builders = [case_builder(suite, M, N, dtype, device, names)
+                for dtype in dtypes for M, N, *_ in shapes]
+    result = runner.run(settings, builders, providers_per_case=len(names))
+    notes.append(
+        "GB/s counts the minimal bytes of the pass (fwd: x" + (", r" if suite.residual else "")
+        + ", w, y" + (", s" if suite.residual else "") + ", rstd; bwd: x, dy"
+        + (", ds" if suite.residual else "") + ", rstd, w, dx, dw); % copy is that over the "
+        "copy bandwidth of the same run; × torch is eager's time over the provider's. Every "
+        "provider was checked against a float64 reference before it was timed.")
+    md = report.markdown(result, ["dtype", "M", "N"], [report.MS, report.GBPS, report.SPEEDUP],
+                         notes)
+    folder = report.write(
+        result, cli.out_root(args), md,
+        lambda path: report.plot(result, path, lambda r: f"{r['M']}x{r['N']}", "gbps", "GB/s",
+                                 hline=result["copy_gbps"], hline_label="copy"),
+    )
+    return result, md, folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in SUITES:
+        raise SystemExit(f"usage: python -m benchmarks.bench_norm_family {{{','.join(SUITES)}}} ...")
+    suite = SUITES[argv[0]]
+    result, md, folder = suite.run(suite.parser().parse_args(argv[1:]))
+    print(md)
+    print(f"results written to {folder}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+// CPU entries of the norm family's backend ops (schemas in csrc/fusednorm.cpp): norm_fwd /
+// norm_bwd (LayerNorm or RMSNorm, optional residual), layer_norm_fwd / layer_norm_bwd
+// (LayerNorm alone) and layer_norm_apply, all on the kernels of cpu/norm_kernels.h.
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "cpu/norm_kernels.h"
+
+namespace fusednorm::cpu {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+template <typename P>
+const P* data_or_null(const OptTensor& t) {
+  return given(t) ? t->const_data_ptr<P>() : nullptr;
+}
+
+template <typename T>
+T* data_or_null(const at::Tensor& t) {
+  return t.numel() > 0 ? t.mutable_data_ptr<T>() : nullptr;
+}
+
+// Calls fn(centered, has_weight, has_bias) as compile-time flags; RMSNorm has no bias, so
+// that combination is never instantiated.
+template <typename Fn>
+void dispatch_norm_flags(bool centered, bool has_weight, bool has_bias, Fn&& fn) {
+  dispatch_bools(has_weight, has_bias, [&](auto w, auto b) {
+    if (centered) return fn(std::true_type{}, w, b);
+    if constexpr (!decltype(b)::value) return fn(std::false_type{}, w, b);
+  });
+}
+
+Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTensor& weight,
+                 const OptTensor& bias, double eps, bool centered) {
+  check_norm_fwd_args(input, residual, weight, bias, eps, centered);
+  const int64_t M = input.size(0), N = input.size(1);
+  at::Tensor out = at::empty_like(input);
+  at::Tensor sum = given(residual) ? at::empty_like(input) : at::empty({0}, input.options());
+  const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
+  at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
+  at::Tensor rstd = at::empty({M}, stats_options);
+  if (M == 0) return {out, sum, mean, rstd};
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type<T>;
+        const NormFwdArgs<T, P, acc_t> args{
+            input.const_data_ptr<T>(), data_or_null<T>(residual), data_or_null<P>(weight),
+            data_or_null<P>(bias),     out.mutable_data_ptr<T>(),  data_or_null<T>(sum),
+            data_or_null<acc_t>(mean), rstd.mutable_data_ptr<acc_t>(), M, N,
+            static_cast<acc_t>(eps)};
+        dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
+          norm_fwd_rows<T, P, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(
+              args);
+        });
+      });
+  return {out, sum, mean, rstd};
+}
+
+Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at::Tensor& input,
+                 const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight,
+                 const OptTensor& bias, bool centered) {
+  check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
+  const int64_t M = input.size(0), N = input.size(1);
+  const bool param_grads = given(weight) || given(bias);
+  at::Tensor grad_input = at::empty_like(input);
+  at::Tensor grad_weight =
+      given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
+  at::Tensor grad_bias =
+      given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+  const auto acc_options = input.options().dtype(stats_dtype(input.scalar_type()));
+  const int64_t blocks = param_grads && M > 0 ? num_param_grad_blocks(M, N) : 0;
+  at::Tensor partial_w = at::empty({blocks, N}, acc_options);
+  at::Tensor partial_b = at::empty({centered ? blocks : 0, N}, acc_options);
+
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type<T>;
+        if (M > 0) {
+          const NormBwdArgs<T, P, acc_t> args{
+              grad_out.const_data_ptr<T>(), data_or_null<T>(grad_sum),
+              input.const_data_ptr<T>(),    centered ? mean.const_data_ptr<acc_t>() : nullptr,
+              rstd.const_data_ptr<acc_t>(), data_or_null<P>(weight),
+              grad_input.mutable_data_ptr<T>(), M, N};
+          dispatch_bools(centered, given(weight), [&](auto c, auto w) {
+            dispatch_bool(param_grads, [&](auto grads) {
+              norm_bwd_rows<T, P, acc_t, decltype(c)::value, decltype(w)::value,
+                            decltype(grads)::value>(args, data_or_null<acc_t>(partial_w),
+                                                    data_or_null<acc_t>(partial_b), blocks);
+            });
+          });
+        }
+        // With no rows, the partials are an empty sum: the gradients are zeros.
+        if (given(weight)) {
+          reduce_partials<acc_t, P>(partial_w.const_data_ptr<acc_t>(), blocks, N,
+                                    grad_weight.mutable_data_ptr<P>());
+        }
+        if (given(bias)) {
+          reduce_partials<acc_t, P>(partial_b.const_data_ptr<acc_t>(), blocks, N,
+                                    grad_bias.mutable_data_ptr<P>());
+        }
+      });
+  return {grad_input, grad_weight, grad_bias};
+}
+
+Tensor3 layer_norm_fwd(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias,
+                       double eps) {
+  auto [out, sum, mean, rstd] = norm_fwd(input, std::nullopt, weight, bias, eps, true);
+  return {out, mean, rstd};
+}
+
+Tensor3 layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input,
+                       const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight,
+                       const OptTensor& bias) {
+  return norm_bwd(grad_out, std::nullopt, input, mean, rstd, weight, bias, true);
+}
+
+at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
+                            const at::Tensor& rstd, const OptTensor& weight,
+                            const OptTensor& bias) {
+  check_rows(input, "input");
+  check_stats(mean, "mean", input);
+  check_stats(rstd, "rstd", input);
+  check_params(weight, bias, input);
+  const int64_t M = input.size(0), N = input.size(1);
+  at::Tensor out = at::empty_like(input);
+  if (out.numel() == 0) return out;
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type<T>;
+        dispatch_bools(given(weight), given(bias), [&](auto w, auto b) {
+          norm_apply_rows<T, P, acc_t, decltype(w)::value, decltype(b)::value>(
+              input.const_data_ptr<T>(), mean.const_data_ptr<acc_t>(),
+              rstd.const_data_ptr<acc_t>(), data_or_null<P>(weight), data_or_null<P>(bias),
+              out.mutable_data_ptr<T>(), M, N);
+        });
+      });
+  return out;
+}
+
+}  // namespace
+}  // namespace fusednorm::cpu
+
+TORCH_LIBRARY_IMPL(fusednorm, CPU, m) {
+  m.impl("norm_fwd", &fusednorm::cpu::norm_fwd);
+  m.impl("norm_bwd", &fusednorm::cpu::norm_bwd);
+  m.impl("layer_norm_fwd", &fusednorm::cpu::layer_norm_fwd);
+  m.impl("layer_norm_bwd", &fusednorm::cpu::layer_norm_bwd);
+  m.impl("layer_norm_apply", &fusednorm::cpu::layer_norm_apply);
+}

@@ -1,0 +1,432 @@
+#pragma once
+// The CPU kernels of the norm family on [M, N] rows: LayerNorm (centered: subtract the mean)
+// and RMSNorm (not centered), each with an optional residual added first
+// (s = input + residual, rounded to the input's dtype and written out, then normalized).
+// Rows run in parallel (at::parallel_for), each row vectorized (at::vec), statistics in
+// float (double for double inputs). One template per sweep; the variants are compile-time
+// flags, so no per-element branch remains.
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "common/welford.h"
+#include "cpu/vec_io.h"
+
+namespace fusednorm::cpu {
+
+using at::vec::Vectorized;
+
+// Rows per parallel task: enough elements that a task outweighs its scheduling cost.
+inline int64_t row_grain(int64_t N) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
+}
+
+// Streaming stores pay off only for outputs that would not stay in cache anyway.
+inline bool use_streaming_stores(int64_t output_bytes) {
+  constexpr int64_t kLargerThanCaches = int64_t(8) << 20;
+  return output_bytes >= kLargerThanCaches;
+}
+
+// One Welford step on a register of lanes that have all seen `count` values.
+template <typename acc_t>
+inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& inv_count,
+                         Vectorized<acc_t>& mean, Vectorized<acc_t>& m2) {
+  const auto delta = x - mean;
+  mean = at::vec::fmadd(delta, inv_count, mean);
+  m2 = at::vec::fmadd(delta, x - mean, m2);
+}
+
+// Mean and M2 of one row in a single pass, over x - shift: with shift = x[0], the values
+// Welford accumulates are small even when the row sits far from zero (1e4 + noise), so the
+// running mean does not lose the noise to rounding (its mean is shift + the result's).
+// Four independent accumulator registers hide the latency of the dependent Welford chain;
+// their lanes, which all hold the same count, are merged with Chan's formula, then the
+// scalar tail is merged in.
+template <typename T, typename acc_t>
+WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
+  using IO = VecIO<T, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t kStep = 2 * IO::kWidth;
+  constexpr int kRegs = 4;
+  constexpr int kLanes = kRegs * Vec::size();
+
+  Vec mean[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+  Vec m2[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+  const Vec vshift(shift);
+  const int64_t vec_end = N - N % kStep;
+  acc_t count = 0;
+  for (int64_t i = 0; i < vec_end; i += kStep) {
+    count += acc_t(1);
+    const Vec inv_count(acc_t(1) / count);
+    Vec v[kRegs];
+    IO::load(x + i, v[0], v[1]);
+    IO::load(x + i + IO::kWidth, v[2], v[3]);
+    for (int r = 0; r < kRegs; ++r) welford_step(v[r] - vshift, inv_count, mean[r], m2[r]);
+  }
+
+  WelfordState<acc_t> total;
+  if (vec_end > 0) {
+    // Equal counts: the merged mean is the mean of the lane means, and Chan's correction
+    // term is count * sum((lane_mean - mean)^2).
+    acc_t lane_mean[kLanes], lane_m2[kLanes];
+    for (int r = 0; r < kRegs; ++r) {
+      mean[r].store(lane_mean + r * Vec::size());
+      m2[r].store(lane_m2 + r * Vec::size());
+    }
+    acc_t mean_sum = 0;
+    for (int l = 0; l < kLanes; ++l) mean_sum += lane_mean[l];
+    total.mean = mean_sum / kLanes;
+    acc_t m2_sum = 0, spread = 0;
+    for (int l = 0; l < kLanes; ++l) {
+      m2_sum += lane_m2[l];
+      const acc_t d = lane_mean[l] - total.mean;
+      spread += d * d;
+    }
+    total.m2 = m2_sum + count * spread;
+    total.count = count * kLanes;
+  }
+  WelfordState<acc_t> tail;
+  for (int64_t i = vec_end; i < N; ++i) tail.update(static_cast<acc_t>(x[i]) - shift);
+  total.merge(tail);
+  return total;
+}
+
+// Mean of x^2 over one row (RMSNorm's statistic), four accumulators wide.
+template <typename T, typename acc_t>
+acc_t row_mean_square(const T* x, int64_t N) {
+  using IO = VecIO<T, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t kStep = 2 * IO::kWidth;
+  Vec sum[4] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+  const int64_t vec_end = N - N % kStep;
+  for (int64_t i = 0; i < vec_end; i += kStep) {
+    Vec v[4];
+    IO::load(x + i, v[0], v[1]);
+    IO::load(x + i + IO::kWidth, v[2], v[3]);
+    for (int r = 0; r < 4; ++r) sum[r] = at::vec::fmadd(v[r], v[r], sum[r]);
+  }
+  acc_t total = lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  for (int64_t i = vec_end; i < N; ++i) {
+    const acc_t v = static_cast<acc_t>(x[i]);
+    total += v * v;
+  }
+  return N > 0 ? total / N : acc_t(0);
+}
+
+// y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
+// shift = mean = 0 for RMSNorm): one rounding to T at the store.
+template <typename T, typename P, typename acc_t, bool kWeight, bool kBias>
+void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
+                   const P* weight, const P* bias, bool stream) {
+  using IO = VecIO<T, acc_t>;
+  using ParamIO = VecIO<P, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  static_assert(ParamIO::kWidth == IO::kWidth);
+  const Vec vshift(shift), vmean(mean), vrstd(rstd);
+  const int64_t vec_end = N - N % IO::kWidth;
+  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+    Vec lo, hi;
+    IO::load(x + i, lo, hi);
+    lo = (lo - vshift - vmean) * vrstd;
+    hi = (hi - vshift - vmean) * vrstd;
+    if constexpr (kWeight) {
+      Vec wlo, whi;
+      ParamIO::load(weight + i, wlo, whi);
+      lo = lo * wlo;
+      hi = hi * whi;
+    }
+    if constexpr (kBias) {
+      Vec blo, bhi;
+      ParamIO::load(bias + i, blo, bhi);
+      lo = lo + blo;
+      hi = hi + bhi;
+    }
+    if (stream) {
+      IO::store_streaming(y + i, lo, hi);
+    } else {
+      IO::store(y + i, lo, hi);
+    }
+  }
+  for (int64_t i = vec_end; i < N; ++i) {
+    acc_t v = (static_cast<acc_t>(x[i]) - shift - mean) * rstd;
+    if constexpr (kWeight) v *= static_cast<acc_t>(weight[i]);
+    if constexpr (kBias) v += static_cast<acc_t>(bias[i]);
+    y[i] = static_cast<T>(v);
+  }
+}
+
+// s = a + b over one row, rounded to T (the sum in the input's dtype, as eager a + b).
+template <typename T, typename acc_t>
+void add_row(const T* a, const T* b, T* s, int64_t N) {
+  using IO = VecIO<T, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  const int64_t vec_end = N - N % IO::kWidth;
+  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+    Vec alo, ahi, blo, bhi;
+    IO::load(a + i, alo, ahi);
+    IO::load(b + i, blo, bhi);
+    IO::store(s + i, alo + blo, ahi + bhi);
+  }
+  for (int64_t i = vec_end; i < N; ++i) {
+    s[i] = static_cast<T>(static_cast<acc_t>(a[i]) + static_cast<acc_t>(b[i]));
+  }
+}
+
+// Pointers of one forward call; residual / sum null without a residual, mean null for
+// RMSNorm, weight / bias null when absent.
+template <typename T, typename P, typename acc_t>
+struct NormFwdArgs {
+  const T* x;
+  const T* residual;
+  const P* weight;
+  const P* bias;
+  T* y;
+  T* sum;
+  acc_t* mean;
+  acc_t* rstd;
+  int64_t M, N;
+  acc_t eps;
+};
+
+template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight, bool kBias>
+void norm_fwd_rows(const NormFwdArgs<T, P, acc_t>& a) {
+  const int64_t N = a.N;
+  const bool stream = use_streaming_stores(a.M * N * sizeof(T));
+  at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* xr = a.x + row * N;
+      if (a.residual != nullptr) {  // normalize the sum, read back from cache
+        T* sr = a.sum + row * N;
+        add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
+        xr = sr;
+      }
+      T* yr = a.y + row * N;
+      const bool stream_row = stream && is_stream_aligned(yr);
+      if constexpr (kCentered) {
+        const acc_t shift = N > 0 ? static_cast<acc_t>(xr[0]) : acc_t(0);
+        const WelfordState<acc_t> stats = row_statistics<T, acc_t>(xr, N, shift);
+        const acc_t rstd = acc_t(1) / std::sqrt(stats.variance() + a.eps);
+        a.mean[row] = shift + stats.mean;
+        a.rstd[row] = rstd;
+        // x - shift is exact for the values near shift where it matters, so y keeps the
+        // precision of the shifted statistics.
+        normalize_row<T, P, acc_t, kWeight, kBias>(xr, yr, N, shift, stats.mean, rstd,
+                                                   a.weight, a.bias, stream_row);
+      } else {
+        const acc_t rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(xr, N) + a.eps);
+        a.rstd[row] = rstd;
+        normalize_row<T, P, acc_t, kWeight, false>(xr, yr, N, acc_t(0), acc_t(0), rstd,
+                                                   a.weight, nullptr, stream_row);
+      }
+    }
+    if (stream) streaming_fence();
+  });
+}
+
+// y from given statistics (mean null: RMSNorm), as the forward computes it.
+template <typename T, typename P, typename acc_t, bool kWeight, bool kBias>
+void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const P* weight,
+                     const P* bias, T* y, int64_t M, int64_t N) {
+  at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      normalize_row<T, P, acc_t, kWeight, kBias>(x + row * N, y + row * N, N, acc_t(0),
+                                                 mean ? mean[row] : acc_t(0), rstd[row],
+                                                 weight, bias, false);
+    }
+  });
+}
+
+// Per-row sums of the backward: mean(g) (centered only) and mean(g * xhat), with
+//   xhat = (x - mean) * rstd (mean = 0 for RMSNorm),  g = dy * weight.
+template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight>
+std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_t rstd,
+                                       const P* weight, int64_t N) {
+  using IO = VecIO<T, acc_t>;
+  using ParamIO = VecIO<P, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t W = IO::kWidth;
+  static_assert(ParamIO::kWidth == W);
+  const int64_t vec_end = N - N % W;
+  const Vec vmean(mean), vrstd(rstd);
+  Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
+  for (int64_t i = 0; i < vec_end; i += W) {
+    Vec dlo, dhi, xlo, xhi;
+    IO::load(dy + i, dlo, dhi);
+    IO::load(x + i, xlo, xhi);
+    if constexpr (kWeight) {
+      Vec wlo, whi;
+      ParamIO::load(weight + i, wlo, whi);
+      dlo = dlo * wlo;
+      dhi = dhi * whi;
+    }
+    if constexpr (kCentered) {
+      sum_g_lo = sum_g_lo + dlo;
+      sum_g_hi = sum_g_hi + dhi;
+    }
+    sum_gx_lo = at::vec::fmadd(dlo, (xlo - vmean) * vrstd, sum_gx_lo);
+    sum_gx_hi = at::vec::fmadd(dhi, (xhi - vmean) * vrstd, sum_gx_hi);
+  }
+  acc_t sum_g = lane_sum(sum_g_lo + sum_g_hi);
+  acc_t sum_gx = lane_sum(sum_gx_lo + sum_gx_hi);
+  for (int64_t i = vec_end; i < N; ++i) {
+    acc_t g = static_cast<acc_t>(dy[i]);
+    if constexpr (kWeight) g *= static_cast<acc_t>(weight[i]);
+    sum_g += g;
+    sum_gx += g * (static_cast<acc_t>(x[i]) - mean) * rstd;
+  }
+  return {kCentered ? sum_g / N : acc_t(0), sum_gx / N};
+}
+
+// Rows processed together in the second sweep, so that the dweight/dbias partials are
+// read and written once per tile instead of once per row.
+constexpr int64_t kRowTile = 4;
+
+// Pointers of one backward call: x is what was normalized (the sum with a residual), mean
+// null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
+// partials null without parameter gradients.
+template <typename T, typename P, typename acc_t>
+struct NormBwdArgs {
+  const T* dy;
+  const T* dsum;
+  const T* x;
+  const acc_t* mean;
+  const acc_t* rstd;
+  const P* weight;
+  T* dx;
+  int64_t M, N;
+};
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum) for `rows` (<= kRowTile)
+// consecutive rows from `row`, and (kParamGrads) their dy * xhat and dy added to the
+// partials. The rows were just read by row_grad_means: this sweep is served from cache.
+template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
+void norm_bwd_tile(const NormBwdArgs<T, P, acc_t>& a, int64_t row, int64_t rows,
+                   acc_t* dweight_part, acc_t* dbias_part) {
+  using IO = VecIO<T, acc_t>;
+  using ParamIO = VecIO<P, acc_t>;
+  using AccIO = VecIO<acc_t, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t W = IO::kWidth;
+  static_assert(AccIO::kWidth == W);
+  const int64_t N = a.N;
+  const T* dy = a.dy + row * N;
+  const T* x = a.x + row * N;
+  const T* dsum = a.dsum ? a.dsum + row * N : nullptr;
+  T* dx = a.dx + row * N;
+  acc_t mean[kRowTile], rstd[kRowTile], mean_g[kRowTile], mean_gx[kRowTile];
+  for (int64_t r = 0; r < rows; ++r) {
+    mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
+    rstd[r] = a.rstd[row + r];
+    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, P, acc_t, kCentered, kWeight>(
+        dy + r * N, x + r * N, mean[r], rstd[r], a.weight, N);
+  }
+  const int64_t vec_end = N - N % W;
+  for (int64_t i = 0; i < vec_end; i += W) {
+    Vec wlo(1), whi(1), pw_lo(0), pw_hi(0), pb_lo(0), pb_hi(0);
+    if constexpr (kWeight) ParamIO::load(a.weight + i, wlo, whi);
+    if constexpr (kParamGrads) {
+      AccIO::load(dweight_part + i, pw_lo, pw_hi);
+      if constexpr (kCentered) AccIO::load(dbias_part + i, pb_lo, pb_hi);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const Vec vmean(mean[r]), vrstd(rstd[r]), vmean_g(mean_g[r]), vmean_gx(mean_gx[r]);
+      Vec dlo, dhi, xlo, xhi;
+      IO::load(dy + r * N + i, dlo, dhi);
+      IO::load(x + r * N + i, xlo, xhi);
+      xlo = (xlo - vmean) * vrstd;
+      xhi = (xhi - vmean) * vrstd;
+      const Vec glo = kWeight ? dlo * wlo : dlo, ghi = kWeight ? dhi * whi : dhi;
+      Vec out_lo = vrstd * (glo - vmean_g - xlo * vmean_gx);
+      Vec out_hi = vrstd * (ghi - vmean_g - xhi * vmean_gx);
+      if (dsum != nullptr) {  // the sum's own gradient joins in before the one rounding
+        Vec slo, shi;
+        IO::load(dsum + r * N + i, slo, shi);
+        out_lo = out_lo + slo;
+        out_hi = out_hi + shi;
+      }
+      IO::store(dx + r * N + i, out_lo, out_hi);
+      if constexpr (kParamGrads) {
+        pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
+        pw_hi = at::vec::fmadd(dhi, xhi, pw_hi);
+        if constexpr (kCentered) {
+          pb_lo = pb_lo + dlo;
+          pb_hi = pb_hi + dhi;
+        }
+      }
+    }
+    if constexpr (kParamGrads) {
+      AccIO::store(dweight_part + i, pw_lo, pw_hi);
+      if constexpr (kCentered) AccIO::store(dbias_part + i, pb_lo, pb_hi);
+    }
+  }
+  for (int64_t i = vec_end; i < N; ++i) {
+    const acc_t w = kWeight ? static_cast<acc_t>(a.weight[i]) : acc_t(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const acc_t d = static_cast<acc_t>(dy[r * N + i]);
+      const acc_t xhat = (static_cast<acc_t>(x[r * N + i]) - mean[r]) * rstd[r];
+      acc_t out = rstd[r] * (d * w - mean_g[r] - xhat * mean_gx[r]);
+      if (dsum != nullptr) out += static_cast<acc_t>(dsum[r * N + i]);
+      dx[r * N + i] = static_cast<T>(out);
+      if constexpr (kParamGrads) {
+        dweight_part[i] += d * xhat;
+        if constexpr (kCentered) dbias_part[i] += d;
+      }
+    }
+  }
+}
+
+// Row blocks whose dweight/dbias partials are summed at the end. The split depends on M
+// and N only, never on the thread count, so the result is bitwise reproducible.
+inline int64_t num_param_grad_blocks(int64_t M, int64_t N) {
+  constexpr int64_t kMaxBlocks = 64;
+  constexpr int64_t kPartialBudget = int64_t(1) << 22;  // elements per partial buffer
+  const int64_t by_memory = std::max<int64_t>(1, kPartialBudget / std::max<int64_t>(N, 1));
+  return std::max<int64_t>(1, std::min({M, kMaxBlocks, by_memory}));
+}
+
+// Sums the [blocks, N] partials over blocks, in block order, into out (dtype P).
+template <typename acc_t, typename P>
+void reduce_partials(const acc_t* partial, int64_t blocks, int64_t N, P* out) {
+  at::parallel_for(0, N, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      acc_t sum = 0;
+      for (int64_t b = 0; b < blocks; ++b) sum += partial[b * N + j];
+      out[j] = static_cast<P>(sum);
+    }
+  });
+}
+
+template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
+void norm_bwd_rows(const NormBwdArgs<T, P, acc_t>& a, acc_t* partial_w, acc_t* partial_b,
+                   int64_t blocks) {
+  const int64_t M = a.M, N = a.N;
+  auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
+    for (int64_t r = begin; r < end; r += kRowTile) {
+      norm_bwd_tile<T, P, acc_t, kCentered, kWeight, kParamGrads>(
+          a, r, std::min(kRowTile, end - r), pw, pb);
+    }
+  };
+  if constexpr (!kParamGrads) {
+    at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
+      row_range(begin, end, nullptr, nullptr);
+    });
+    return;
+  }
+  const int64_t rows_per_block = (M + blocks - 1) / blocks;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      acc_t* pw = partial_w + b * N;
+      acc_t* pb = partial_b + b * N;
+      std::fill(pw, pw + N, acc_t(0));
+      if (kCentered) std::fill(pb, pb + N, acc_t(0));
+      const int64_t row_begin = std::min(M, b * rows_per_block);
+      row_range(row_begin, std::min(M, row_begin + rows_per_block), pw, pb);
+    }
+  });
+}
+
+}  // namespace fusednorm::cpu

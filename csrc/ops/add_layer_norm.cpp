@@ -1,0 +1,66 @@
+// fusednorm::add_layer_norm: s = input + residual (in the input's dtype), then LayerNorm
+// of s, in one pass over memory; returns (norm(s), s, mean, rstd), the first two
+// differentiable. A NormKind of the norm family (ops/norm_family.h) adapted to its schema.
+
+#include <ATen/ops/add.h>
+#include <torch/library.h>
+
+#include "ops/norm_family.h"
+
+namespace fusednorm {
+namespace {
+
+using namespace norm_family;
+using Sig = Outputs(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
+                    const OptTensor&, double);
+constexpr NormKind kKind{"fusednorm.add_layer_norm", /*centered=*/true, /*residual=*/true};
+
+const auto& op() {
+  static const auto handle = fusednorm_op<Sig>("fusednorm::add_layer_norm");
+  return handle;
+}
+
+Outputs rows(const at::Tensor& input, const at::Tensor& residual,
+             c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
+             const OptTensor& bias, double eps) {
+  return forward_rows(kKind, input, residual, normalized_shape, weight, bias, eps);
+}
+
+Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
+                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
+                        const OptTensor& bias, double eps) {
+  const auto below = [&] { return op().call(input, residual, normalized_shape, weight, bias, eps); };
+  if (!needs_grad(input, residual, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return below();
+  }
+  return record(kKind, input, residual, static_cast<int64_t>(normalized_shape.size()), weight,
+                bias, eps, below);
+}
+
+// Under CUDA autocast: the sum as eager's (autocast leaves add alone), then layer_norm by
+// its autocast rule (float32).
+Outputs autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
+                      c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
+                      const OptTensor& bias, double eps) {
+  static const auto layer_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, const OptTensor&, double)>(
+      "fusednorm::layer_norm");
+  check_residual(kKind, input, residual);
+  const at::Tensor sum = at::add(input, residual);
+  auto [out, mean, rstd] = layer_norm.call(sum, normalized_shape, weight, bias, eps);
+  return {out, sum, mean, rstd};
+}
+
+}  // namespace
+}  // namespace fusednorm
+
+TORCH_LIBRARY_IMPL(fusednorm, CompositeExplicitAutograd, m) {
+  m.impl("add_layer_norm", &fusednorm::rows);
+}
+TORCH_LIBRARY_IMPL(fusednorm, Autograd, m) {
+  m.impl("add_layer_norm", &fusednorm::autograd_kernel);
+}
+TORCH_LIBRARY_IMPL(fusednorm, AutocastCUDA, m) {
+  m.impl("add_layer_norm", &fusednorm::autocast_cuda);
+}

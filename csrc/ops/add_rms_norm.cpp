@@ -1,0 +1,74 @@
+// fusednorm::add_rms_norm: s = input + residual (in the input's dtype), then RMSNorm of s,
+// in one pass over memory; returns (norm(s), s, rstd), the first two differentiable. A
+// NormKind of the norm family (ops/norm_family.h) adapted to its schema.
+
+#include <ATen/ops/add.h>
+#include <torch/library.h>
+
+#include "ops/norm_family.h"
+
+namespace fusednorm {
+namespace {
+
+using namespace norm_family;
+using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // out, sum, rstd
+using Sig = Result(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
+                   std::optional<double>);
+constexpr NormKind kKind{"fusednorm.add_rms_norm", /*centered=*/false, /*residual=*/true};
+
+const auto& op() {
+  static const auto handle = fusednorm_op<Sig>("fusednorm::add_rms_norm");
+  return handle;
+}
+
+Result rows(const at::Tensor& input, const at::Tensor& residual,
+            c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
+            std::optional<double> eps) {
+  auto [out, sum, mean, rstd] = forward_rows(kKind, input, residual, normalized_shape, weight,
+                                             std::nullopt, eps.value_or(default_rms_eps(input)));
+  return {out, sum, rstd};
+}
+
+Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
+                       c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
+                       std::optional<double> eps) {
+  if (!needs_grad(input, residual, weight)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op().call(input, residual, normalized_shape, weight, eps);
+  }
+  const auto below = [&]() -> Outputs {
+    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, weight, eps);
+    return {out, sum, none_like(rstd), rstd};
+  };
+  auto [out, sum, mean, rstd] =
+      record(kKind, input, residual, static_cast<int64_t>(normalized_shape.size()), weight,
+             std::nullopt, eps.value_or(default_rms_eps(input)), below);
+  return {out, sum, rstd};
+}
+
+// Under CUDA autocast: the sum as eager's (autocast leaves add alone), then rms_norm by
+// its autocast rule (float32).
+Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
+                     c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
+                     std::optional<double> eps) {
+  static const auto rms_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, std::optional<double>)>(
+      "fusednorm::rms_norm");
+  check_residual(kKind, input, residual);
+  const at::Tensor sum = at::add(input, residual);
+  auto [out, rstd] = rms_norm.call(sum, normalized_shape, weight, eps);
+  return {out, sum, rstd};
+}
+
+}  // namespace
+}  // namespace fusednorm
+
+TORCH_LIBRARY_IMPL(fusednorm, CompositeExplicitAutograd, m) {
+  m.impl("add_rms_norm", &fusednorm::rows);
+}
+TORCH_LIBRARY_IMPL(fusednorm, Autograd, m) {
+  m.impl("add_rms_norm", &fusednorm::autograd_kernel);
+}
+TORCH_LIBRARY_IMPL(fusednorm, AutocastCUDA, m) {
+  m.impl("add_rms_norm", &fusednorm::autocast_cuda);
+}

@@ -1,0 +1,66 @@
+// fusednorm::rms_norm, the public RMSNorm op (torch.nn.functional.rms_norm's signature,
+// plus rstd): a NormKind of the norm family (ops/norm_family.h) adapted to its schema.
+
+#include <torch/library.h>
+
+#include "ops/norm_family.h"
+
+namespace fusednorm {
+namespace {
+
+using namespace norm_family;
+using Result = std::tuple<at::Tensor, at::Tensor>;  // out, rstd
+using Sig = Result(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
+                   std::optional<double>);
+constexpr NormKind kKind{"fusednorm.rms_norm", /*centered=*/false, /*residual=*/false};
+
+const auto& op() {
+  static const auto handle = fusednorm_op<Sig>("fusednorm::rms_norm");
+  return handle;
+}
+
+Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+            const OptTensor& weight, std::optional<double> eps) {
+  auto [out, sum, mean, rstd] = forward_rows(kKind, input, std::nullopt, normalized_shape,
+                                             weight, std::nullopt,
+                                             eps.value_or(default_rms_eps(input)));
+  return {out, rstd};
+}
+
+Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                       const OptTensor& weight, std::optional<double> eps) {
+  if (!needs_grad(input, weight)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op().call(input, normalized_shape, weight, eps);
+  }
+  const auto below = [&]() -> Outputs {
+    auto [out, rstd] = op().call(input, normalized_shape, weight, eps);
+    return {out, none_like(out), none_like(rstd), rstd};
+  };
+  auto [out, sum, mean, rstd] =
+      record(kKind, input, std::nullopt, static_cast<int64_t>(normalized_shape.size()), weight,
+             std::nullopt, eps.value_or(default_rms_eps(input)), below);
+  return {out, rstd};
+}
+
+Result autocast_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                     const OptTensor& weight, std::optional<double> eps) {
+  return autocast_cuda_fp32(
+      [&](const at::Tensor& x, const OptTensor&, const OptTensor& w, const OptTensor&) {
+        return op().call(x, normalized_shape, w, eps);
+      },
+      input, std::nullopt, weight, std::nullopt);
+}
+
+}  // namespace
+}  // namespace fusednorm
+
+TORCH_LIBRARY_IMPL(fusednorm, CompositeExplicitAutograd, m) {
+  m.impl("rms_norm", &fusednorm::rows);
+}
+TORCH_LIBRARY_IMPL(fusednorm, Autograd, m) {
+  m.impl("rms_norm", &fusednorm::autograd_kernel);
+}
+TORCH_LIBRARY_IMPL(fusednorm, AutocastCUDA, m) {
+  m.impl("rms_norm", &fusednorm::autocast_cuda);
+}

@@ -1,0 +1,51 @@
+"""What every op module needs: the loaded library's ops (None when it did not load), and
+small helpers of the fake kernels."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _loader
+
+OPS = torch.ops.fusednorm if _loader.AVAILABLE else None
+
+
+def overload(name: str):
+    """torch.ops.fusednorm.<name>.default, called directly (an OpOverload call skips the
+    packet's overload resolution); None when the library is not loaded."""
+    return getattr(OPS, name).default if OPS is not None else None
+
+
+def register_fake(name: str):
+    """torch.library.register_fake for fusednorm::<name>, a no-op without the library."""
+    if OPS is None:
+        return lambda fn: fn
+    return torch.library.register_fake(f"fusednorm::{name}")
+
+
+def require_library() -> None:
+    if OPS is None:
+        raise RuntimeError(f"fusednorm's compiled ops are not available: {_loader.LOAD_ERROR}")
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def row_stat(input: torch.Tensor, rows) -> torch.Tensor:
+    """An empty [rows] statistic (mean or rstd) of input's rows."""
+    return input.new_empty((rows,), dtype=stats_dtype(input.dtype))
+
+
+def leading_rows(input: torch.Tensor, trailing_dims: int):
+    """The number of rows when the last `trailing_dims` dims of input form a row."""
+    return math.prod(input.shape[: input.dim() - trailing_dims])
+
+
+def check_devices(fn: str, input: torch.Tensor, **tensors) -> None:
+    """A fake kernel also serves meta tensors, which may come mixed with real ones (the
+    dispatcher picks the meta kernel then): the device check of the C++ op, repeated."""
+    for name, t in tensors.items():
+        if t is not None and t.device != input.device:
+            raise RuntimeError(f"{fn}: {name} is on {t.device} but input is on {input.device}")

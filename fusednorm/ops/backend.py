@@ -1,0 +1,58 @@
+"""Fake kernels of the backend ops, which work on contiguous [M, N] rows (schemas in
+csrc/fusednorm.cpp, kernels in csrc/cpu and csrc/cuda)."""
+from __future__ import annotations
+
+import torch
+
+from ._library import register_fake, row_stat
+
+
+@register_fake("norm_fwd")
+def _norm_fwd_fake(input, residual, weight, bias, eps, centered):
+    rows = input.shape[0]
+    total = torch.empty_like(input) if residual is not None else input.new_empty((0,))
+    mean = row_stat(input, rows if centered else 0)
+    return torch.empty_like(input), total, mean, row_stat(input, rows)
+
+
+@register_fake("norm_bwd")
+def _norm_bwd_fake(grad_out, grad_sum, input, mean, rstd, weight, bias, centered):
+    cols = input.shape[1]
+    grad_weight = weight.new_empty((cols,)) if weight is not None else input.new_empty((0,))
+    grad_bias = bias.new_empty((cols,)) if bias is not None else input.new_empty((0,))
+    return torch.empty_like(input), grad_weight, grad_bias
+
+
+@register_fake("layer_norm_fwd")
+def _layer_norm_fwd_fake(input, weight, bias, eps):
+    rows = input.shape[0]
+    return torch.empty_like(input), row_stat(input, rows), row_stat(input, rows)
+
+
+@register_fake("layer_norm_bwd")
+def _layer_norm_bwd_fake(grad_out, input, mean, rstd, weight, bias):
+    return _norm_bwd_fake(grad_out, None, input, mean, rstd, weight, bias, True)
+
+
+@register_fake("layer_norm_apply")
+def _layer_norm_apply_fake(input, mean, rstd, weight, bias):
+    return input.new_empty(input.shape)
+
+
+@register_fake("gelu_ffn_fwd")
+def _gelu_ffn_fwd_fake(input, weight1, bias1, weight2, bias2, approximate):
+    rows = input.shape[0]
+    return input.new_empty((rows, weight2.shape[0])), input.new_empty((rows, weight1.shape[0]))
+
+
+@register_fake("gelu_ffn_bwd")
+def _gelu_ffn_bwd_fake(grad_out, input, hidden_pre, weight1, weight2, has_bias1, has_bias2,
+                       approximate):
+    hidden, out_features = weight1.shape[0], weight2.shape[0]
+    return (
+        input.new_empty(input.shape),
+        weight1.new_empty(weight1.shape),
+        input.new_empty((hidden if has_bias1 else 0,)),
+        weight2.new_empty(weight2.shape),
+        input.new_empty((out_features if has_bias2 else 0,)),
+    )

@@ -1,0 +1,154 @@
+"""Residual add + norm (fusednorm.add_layer_norm, add_rms_norm): (norm(x + r), x + r) in one
+pass, against the float64 reference and the eager composite, gradients through both
+outputs, opcheck, compile, errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusednorm
+from fusednorm import reference
+from conftest import DEVICES, DTYPES, check_outputs_and_grads, random_input
+
+KINDS = ["layer_norm", "rms_norm"]
+
+
+def _fns(kind, shape, eps):
+    if kind == "layer_norm":
+        fused = lambda x, r, w, b: fusednorm.add_layer_norm(x, r, shape, w, b, eps)  # noqa: E731
+
+        def eager(x, r, w, b):
+            s = x + r
+            return F.layer_norm(s, shape, w, b, eps), s
+
+        ref = lambda x, r, w, b: reference.add_layer_norm(x, r, shape, w, b, eps)  # noqa: E731
+    else:
+        fused = lambda x, r, w, b: fusednorm.add_rms_norm(x, r, shape, w, eps)  # noqa: E731
+
+        def eager(x, r, w, b):
+            s = x + r
+            return F.rms_norm(s, shape, w, eps), s
+
+        def ref(x, r, w, b):
+            return reference.add_rms_norm(x, r, shape, w, eps or reference.rms_eps(x.dtype))
+    return fused, eager, ref
+
+
+def _check(kind, x, r, shape, w, b, eps=None):
+    eps = 1e-5 if kind == "layer_norm" and eps is None else eps
+    fused, eager, ref = _fns(kind, shape, eps)
+    check_outputs_and_grads(fused, eager, ref, [x, r, w, b], ["input", "residual", "weight", "bias"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [1, 7, 768, 1023, 4096])
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_reference(device, dtype, N, kind):
+    x = random_input((37, N), dtype, device)
+    r = random_input((37, N), dtype, device, seed=2, shift=-0.5)
+    w = random_input((N,), dtype, device, scale=1.0, shift=1.0, seed=3)
+    b = random_input((N,), dtype, device, scale=1.0, shift=0.5, seed=4) if kind == "layer_norm" else None
+    _check(kind, x, r, (N,), w, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_strided_multi_dim_no_params(device, kind):
+    x = random_input((4, 6, 3, 5), torch.float32, device).transpose(0, 1)[::2]
+    r = random_input((3, 4, 3, 5), torch.float32, device, seed=2)
+    _check(kind, x, r, (3, 5), None, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_sum_is_the_inputs_dtype_sum_bitwise(device, dtype, kind):
+    x = random_input((5, 33), dtype, device)
+    r = random_input((5, 33), dtype, device, seed=2)
+    fused, _, _ = _fns(kind, (33,), None if kind == "rms_norm" else 1e-5)
+    _, s = fused(x, r, None, None)
+    assert s.dtype == dtype and torch.equal(s, x + r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_and_gradgradcheck(device, kind):
+    x = random_input((3, 6), torch.float64, device).requires_grad_()
+    r = random_input((3, 6), torch.float64, device, seed=2).requires_grad_()
+    w = random_input((6,), torch.float64, device, seed=3).requires_grad_()
+    fused, _, _ = _fns(kind, (6,), 1e-5)
+    fn = lambda x, r, w: fused(x, r, w, None)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, r, w))
+    assert torch.autograd.gradgradcheck(fn, (x, r, w))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    ops = torch.ops.fusednorm
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        x = random_input((2, 3, 12), dtype, device)
+        r = random_input((2, 3, 12), dtype, device, seed=2)
+        w = random_input((12,), dtype, device, seed=3)
+        b = random_input((12,), dtype, device, seed=4)
+        for grad in (False, True):
+            xg, rg = x.clone().requires_grad_(grad), r.clone().requires_grad_(grad)
+            torch.library.opcheck(ops.add_layer_norm.default, (xg, rg, [12], w, b, 1e-5))
+            torch.library.opcheck(ops.add_rms_norm.default, (xg, rg, [12], w, None))
+        rows, res = x.reshape(6, 12), r.reshape(6, 12)
+        for centered, bias in ((True, b), (False, None)):
+            torch.library.opcheck(ops.norm_fwd.default, (rows, res, w, bias, 1e-5, centered))
+            _, s, mean, rstd = ops.norm_fwd(rows, res, w, bias, 1e-5, centered)
+            dy = random_input(rows.shape, dtype, device, seed=5)
+            ds = random_input(rows.shape, dtype, device, seed=6)
+            torch.library.opcheck(ops.norm_bwd.default, (dy, ds, s, mean, rstd, w, bias, centered))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, kind, dynamic):
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    fused, eager, _ = _fns(kind, (16,), 1e-5)
+    w = random_input((16,), torch.float32, device, seed=3).requires_grad_()
+    compiled = torch.compile(lambda x, r: fused(x, r, w, None), backend=backend, fullgraph=True,
+                             dynamic=dynamic)
+    for rows in (4, 7):
+        x = random_input((rows, 16), torch.float32, device).requires_grad_()
+        r = random_input((rows, 16), torch.float32, device, seed=2).requires_grad_()
+        y, s = compiled(x, r)
+        ey, es = eager(x, r, w, None)
+        torch.testing.assert_close(y, ey)
+        torch.testing.assert_close(s, es)
+        got = torch.autograd.grad((y * s).sum(), (x, r, w))
+        want = torch.autograd.grad((ey * es).sum(), (x, r, w))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert f"fusednorm.add_{kind}.default" in fw and "fusednorm.norm_bwd" in bw
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "change, error, pattern",
+    [
+        (dict(residual=torch.randn(4, 7)), ValueError, "residual must have the input's shape"),
+        (dict(residual=torch.randn(4, 8, dtype=torch.float64)), TypeError, "residual must have the input's dtype"),
+        (dict(residual=torch.randn(4, 8, device="meta")), RuntimeError, "residual is on meta"),
+        (dict(residual=[1.0]), TypeError, "residual must be a Tensor"),
+        (dict(normalized_shape=(7,)), ValueError, "normalized_shape"),
+        (dict(weight=torch.ones(3)), ValueError, "weight"),
+    ],
+)
+def test_errors_name_the_argument(kind, change, error, pattern):
+    args = dict(input=torch.randn(4, 8), residual=torch.randn(4, 8), normalized_shape=(8,),
+                weight=None)
+    args.update(change)
+    fn = fusednorm.add_layer_norm if kind == "layer_norm" else fusednorm.add_rms_norm
+    with pytest.raises(error, match=pattern):
+        fn(**args)
