@@ -149,6 +149,7 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
     shapes = [s if len(s) == 3 else (s[0], s[1], 4 * s[1])
               for s in (args.shapes or default_shapes(device, args.quick))]
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
                          [report.MS, report.TFLOPS, report.SPEEDUP.without(FLOOR),
                           report.PEAK.without(FLOOR)], notes)
     folder = report.write(
-        result, cli.out_root(args), md,
+        result, out, md,
         lambda path: report.plot(result, path, lambda r: f"d={r['N']}", "tflops", "TFLOP/s"),
     )
     return result, md, folder

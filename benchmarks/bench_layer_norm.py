@@ -141,6 +141,7 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
     shapes = args.shapes or default_shapes(device, args.quick)
     dtypes = args.dtypes or default_dtypes(device, args.quick)
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     md = report.markdown(result, ["dtype", "M", "N"],
                          [report.MS, report.GBPS, report.SPEEDUP], notes)
     folder = report.write(
-        result, cli.out_root(args), md,
+        result, out, md,
         lambda path: report.plot(result, path, lambda r: f"{r['M']}x{r['N']}", "gbps", "GB/s",
                                  hline=result["copy_gbps"], hline_label="copy"),
     )

@@ -4,11 +4,12 @@ judged here: benchmarks, never tests, carry performance numbers.)"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, runner
+from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, stamp
 
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "commit", "date", "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
@@ -87,3 +88,44 @@ def test_cli_parsing():
                 lambda: cli.parse_passes("back")):
         with pytest.raises(Exception):
             bad()
+
+
+def _out(*argv):
+    return cli.out_root(bench_layer_norm.parser().parse_args(list(argv)))
+
+
+def _git_ignores(path) -> bool:
+    """Whether git ignores `path` in this checkout (True: a run there leaves git status clean)."""
+    import subprocess
+
+    probe = path / "some-device" / "layer_norm.json"
+    done = subprocess.run(["git", "-C", str(stamp.REPO_ROOT), "check-ignore", "-q", str(probe)])
+    return done.returncode == 0
+
+
+def test_default_output_is_untracked_and_outside_results():
+    """A plain run (and a --quick one) must not write into the committed results."""
+    import shutil
+
+    if shutil.which("git") is None or not (stamp.REPO_ROOT / ".git").exists():
+        pytest.skip("needs a git checkout")
+    for out in (_out(), _out("--quick")):
+        assert stamp.RESULTS_DIR not in (out, *out.parents), out
+        assert _git_ignores(out), f"{out} is not ignored by git"
+    assert not _git_ignores(stamp.RESULTS_DIR)  # the published files stay tracked
+
+
+def test_save_writes_the_committed_results_and_only_then():
+    assert _out("--save") == stamp.RESULTS_DIR
+    assert _out("--out", "/tmp/x") == Path("/tmp/x")
+    with pytest.raises(SystemExit):
+        _out("--save", "--quick")  # a smoke run is not published
+    with pytest.raises(SystemExit):
+        _out("--save", "--out", "/tmp/x")  # argparse: mutually exclusive
+
+
+def test_run_all_says_where_the_files_are():
+    local = run_all.where_note(stamp.LOCAL_DIR / "cpu-x", stamp.LOCAL_DIR)
+    assert str(stamp.LOCAL_DIR / "cpu-x") in local and "untracked" in local and "--save" in local
+    saved = run_all.where_note(stamp.RESULTS_DIR / "cpu-x", stamp.RESULTS_DIR)
+    assert "saved to" in saved and str(stamp.RESULTS_DIR / "cpu-x") in saved
