@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-BUSY_PREFIX = "other work kept"  # harness.busy_note's wording
+from .harness import BUSY_PREFIX
 
 
 @dataclass(frozen=True)

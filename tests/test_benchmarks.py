@@ -129,3 +129,17 @@ def test_run_all_says_where_the_files_are():
     assert str(stamp.LOCAL_DIR / "cpu-x") in local and "untracked" in local and "--save" in local
     saved = run_all.where_note(stamp.RESULTS_DIR / "cpu-x", stamp.RESULTS_DIR)
     assert "saved to" in saved and str(stamp.RESULTS_DIR / "cpu-x") in saved
+
+
+def test_plots_are_stamped():
+    from benchmarks import plotting
+
+    result = {"suite": "gelu_ffn", "device": "Some CPU", "device_kind": "cpu",
+              "torch": "2.14.1", "commit": "0123456789abcdef0123-dirty",
+              "date": "2026-01-02T03:04:05+00:00"}
+    quiet = plotting.stamp_lines(result, ["Timing: ..."])
+    assert quiet == ["gelu_ffn on Some CPU (cpu)",
+                     "torch 2.14.1 · commit 0123456789ab-dirty · 2026-01-02T03:04:05+00:00"]
+    busy = plotting.stamp_lines(result, ["other work kept 90% of the CPUs busy when the run "
+                                         "started: timings are noisy"])
+    assert busy[:2] == quiet and busy[2].startswith("WARNING: other work kept 90%")
