@@ -201,7 +201,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    result, md, folder = run(parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    cli.warn_unpublishable(args)
+    result, md, folder = run(args)
     print(md)
     print(f"results written to {folder}", file=sys.stderr)
 

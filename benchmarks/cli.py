@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -94,6 +95,13 @@ def out_root(args: argparse.Namespace) -> Path:
     if args.out is not None:
         return args.out
     return QUICK_DIR if args.quick else stamp.LOCAL_DIR
+
+
+def warn_unpublishable(args: argparse.Namespace) -> None:
+    """--save from a checkout with uncommitted changes: the files will say '-dirty'."""
+    if getattr(args, "save", False) and stamp.git_commit().endswith("-dirty"):
+        print("warning: --save from a checkout with uncommitted changes; the results will be "
+              "stamped '<commit>-dirty'", file=sys.stderr)
 
 
 def budget_s(args: argparse.Namespace, device: torch.device) -> float:

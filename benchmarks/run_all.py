@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown suite(s) {unknown}; choose among {list(SUITES)}")
     out = cli.out_root(args)
+    cli.warn_unpublishable(args)
     device = cli.resolve_device(args.device)
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
     failed, folders = [], []
