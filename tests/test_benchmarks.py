@@ -143,3 +143,15 @@ def test_plots_are_stamped():
     busy = plotting.stamp_lines(result, ["other work kept 90% of the CPUs busy when the run "
                                          "started: timings are noisy"])
     assert busy[:2] == quiet and busy[2].startswith("WARNING: other work kept 90%")
+
+
+def test_replot_redraws_from_the_results_files(tmp_path):
+    from benchmarks import replot
+
+    _, md, folder = _run(bench_layer_norm, tmp_path, "--shapes", "64x32", "--dtypes", "fp32",
+                         "--providers", "torch", "--passes", "fwd")
+    png = folder / "layer_norm.png"
+    png.unlink()
+    assert replot.replot(folder) == [png] and png.stat().st_size > 0
+    assert replot.notes_of(md) and all(not n.startswith("- ") for n in replot.notes_of(md))
+    assert replot.notes_of("# x\n\nno notes\n") == []
