@@ -60,7 +60,10 @@ def plot(result: dict, path: Path, x: XAxis, metrics: Sequence[Metric],
     passes = list(dict.fromkeys(r["pass"] for r in rows))
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     providers = _providers(rows)
-    colors = {p: f"C{i}" for i, p in enumerate(providers)}
+    # Distinct markers, and lines thinning from the first provider to the last, so that
+    # providers with equal values stay visible one on the other.
+    style = {p: dict(color=f"C{i}", marker="osD^v<>"[i % 7], linewidth=max(2.8 - 0.6 * i, 1.0))
+             for i, p in enumerate(providers)}
     values = list(dict.fromkeys(x.value(r) for r in rows))
     numeric = all(isinstance(v, (int, float)) for v in values)
     position = (lambda v: v) if numeric else values.index
@@ -77,8 +80,7 @@ def plot(result: dict, path: Path, x: XAxis, metrics: Sequence[Metric],
                 points = sorted((position(x.value(r)), r[metric.key]) for r in panel
                                 if r["provider"] == provider and r.get(metric.key) is not None)
                 if points:
-                    ax.plot(*zip(*points), marker="o", markersize=4, label=provider,
-                            color=colors[provider])
+                    ax.plot(*zip(*points), markersize=4, label=provider, **style[provider])
             if metric.hline is not None:
                 ax.axhline(metric.hline[0], color="grey", linestyle="--", linewidth=1,
                            label=metric.hline[1])
