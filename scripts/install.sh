@@ -69,8 +69,8 @@ fi
 
 # 4. model libraries, without letting them replace torch
 if [[ ,$extras, == *,models,* ]]; then
-  mapfile -t missing < <("$PYTHON" fusednorm/_build_stamp.py missing models)
-  if [[ ${#missing[@]} -gt 0 && -n ${missing[0]} ]]; then
+  read -r -a missing <<< "$("$PYTHON" fusednorm/_build_stamp.py missing models | tr '\n' ' ')"
+  if [[ ${#missing[@]} -gt 0 ]]; then
     say "installing ${missing[*]} for the model-library tests (torch pinned to $torch_version)"
     if ! pip_install "torch==$torch_version" torchvision "${missing[@]}"; then
       say "WARNING: could not install ${missing[*]}: the transformers/timm tests will skip." \
