@@ -38,7 +38,7 @@ if ! have_torch; then
     say "installing torch"
     pip_install "torch>=2.11"
   fi
-  have_torch
+  have_torch || { say "torch >= 2.11 does not import after its installation"; exit 1; }
 fi
 torch_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))')
 
