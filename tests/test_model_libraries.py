@@ -179,6 +179,7 @@ def check_swaps_timm_norms(model: nn.Module, inputs: dict, device: str, source: 
                                   normwise_grads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_timm_vit_tiny(device):
     """timm's default ViT-tiny, whose 25 norms are timm.layers.LayerNorm (an nn.LayerNorm
