@@ -190,8 +190,6 @@ def write_build_config(extension):
         f.write(f"CUDA = {'nvcc' in extension.extra_compile_args!r}\n")
         f.write(f"TORCH_CUDA_ARCH_LIST = {os.environ.get('TORCH_CUDA_ARCH_LIST', '')!r}\n")
         f.write(f"BUILT_WITH_TORCH = {torch.__version__!r}\n")
-        for key, value in _BUILD_STAMP.items():  # read by scripts/install.sh's up-to-date check
-            f.write(f"{key} = {value!r}\n")
     print(f"fusednorm: compiling {_what_is_compiled(extension)}", file=sys.stderr, flush=True)
     return extension
 
@@ -214,8 +212,20 @@ def _what_is_compiled(extension):
 # `pip install -e` under FUSEDNORM_SKIP_BUILD_EXT=1, which must not compile it again.
 _SKIP_EXT = os.environ.get("FUSEDNORM_SKIP_BUILD_EXT", "0") == "1"
 
+
+class _BuildExt(BuildExtension.with_options(use_ninja=True)):
+    def run(self):
+        super().run()
+        # Only after a successful build: scripts/install.sh skips compiling when this stamp
+        # matches the current sources, torch and knobs.
+        if self.extensions:
+            with open(os.path.join(ROOT, "fusednorm", "_build_config.py"), "a") as f:
+                for key, value in _BUILD_STAMP.items():
+                    f.write(f"{key} = {value!r}\n")
+
+
 setup(
     ext_modules=[] if _SKIP_EXT else [write_build_config(make_extension())],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": _BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

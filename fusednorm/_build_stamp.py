@@ -1,9 +1,10 @@
 """Whether the compiled library in this checkout is up to date, so that scripts/install.sh
 compiles only when something changed.
 
-setup.py records at build time, in fusednorm/_build_config.py: a hash of the C++/CUDA
-sources and setup.py, the installed torch's version, and the build knobs as they were
-requested. The library is up to date when all three still match and _C is there.
+setup.py records after each successful build, in fusednorm/_build_config.py: a hash of
+the C++/CUDA sources and setup.py, the installed torch's version, and the build knobs as
+they were requested. The library is up to date when all three still match and _C is there
+(a failed build leaves no record, so the next run compiles again).
 
 Standard library only, and runnable as a script without importing fusednorm (which would
 load the very library in question):
@@ -77,7 +78,7 @@ def stale_reason(root: Path, environ: Mapping[str, str] = os.environ) -> Optiona
         return "no build record (fusednorm/_build_config.py)"
     built = runpy.run_path(str(config_file))
     if "SOURCE_HASH" not in built:
-        return "built by an older setup.py"
+        return "no successful build recorded (the last one failed, or an older setup.py)"
     if built["SOURCE_HASH"] != source_hash(root):
         return "sources changed since the last build"
     if built["TORCH_DIST_VERSION"] != torch_version():
