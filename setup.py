@@ -14,10 +14,26 @@ import os
 import shutil
 import sys
 import sysconfig
+from pathlib import Path
 
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_build_stamp():
+    """fusednorm/_build_stamp.py, loaded by path: importing the package would load _C."""
+    import importlib.util
+
+    path = os.path.join(ROOT, "fusednorm", "_build_stamp.py")
+    spec = importlib.util.spec_from_file_location("_fusednorm_build_stamp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Taken before the code below fills in CUDA_HOME / TORCH_CUDA_ARCH_LIST defaults.
+_BUILD_STAMP = _load_build_stamp().stamp(Path(ROOT))
 
 
 def _nvcc_toolkit_root():
@@ -177,11 +193,42 @@ def write_build_config(extension):
         f.write(f"CUDA = {'nvcc' in extension.extra_compile_args!r}\n")
         f.write(f"TORCH_CUDA_ARCH_LIST = {os.environ.get('TORCH_CUDA_ARCH_LIST', '')!r}\n")
         f.write(f"BUILT_WITH_TORCH = {torch.__version__!r}\n")
+    print(f"fusednorm: compiling {_what_is_compiled(extension)}", file=sys.stderr, flush=True)
     return extension
 
 
+def _what_is_compiled(extension):
+    if "nvcc" in extension.extra_compile_args:
+        return f"the CPU and CUDA kernels (archs {os.environ['TORCH_CUDA_ARCH_LIST']}; " \
+               "FUSEDNORM_CPU_ONLY=1 skips CUDA)"
+    if os.environ.get("FUSEDNORM_CPU_ONLY", "0") == "1":
+        why = "FUSEDNORM_CPU_ONLY=1"
+    elif torch.version.cuda is None:
+        why = "torch is a CPU build"
+    else:
+        why = "no CUDA toolkit found: set CUDA_HOME or put nvcc on PATH"
+    return f"the CPU kernels only ({why})"
+
+
+# scripts/install.sh compiles with `setup.py build_ext --inplace` (ninja's objects kept in
+# build/, so a rebuild compiles only what changed), then registers the checkout with
+# `pip install -e` under FUSEDNORM_SKIP_BUILD_EXT=1, which must not compile it again.
+_SKIP_EXT = os.environ.get("FUSEDNORM_SKIP_BUILD_EXT", "0") == "1"
+
+
+class _BuildExt(BuildExtension.with_options(use_ninja=True)):
+    def run(self):
+        super().run()
+        # Only after a successful build: scripts/install.sh skips compiling when this stamp
+        # matches the current sources, torch and knobs.
+        if self.extensions:
+            with open(os.path.join(ROOT, "fusednorm", "_build_config.py"), "a") as f:
+                for key, value in _BUILD_STAMP.items():
+                    f.write(f"{key} = {value!r}\n")
+
+
 setup(
-    ext_modules=[write_build_config(make_extension())],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    ext_modules=[] if _SKIP_EXT else [write_build_config(make_extension())],
+    cmdclass={"build_ext": _BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks import availability, cli, harness, report, runner
+from benchmarks import availability, cli, harness, plotting, report, runner
 
 try:
     import fusednorm
@@ -31,17 +31,17 @@ FLOOR = "gemm-only"
 APPROXIMATE = "none"
 
 # Issue 4: M = 8192 tokens, hidden = 4 d. The CPU default is smaller to fit a few minutes.
-GPU_TOKENS, GPU_DS = 8192, [768, 1024, 2048, 4096]
+GPU_TOKENS, GPU_DS = 8192, [768, 1024, 1536, 2048, 3072, 4096, 8192]
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-CPU_TOKENS, CPU_DS = 2048, [768, 1024]
+CPU_TOKENS, CPU_DS = 2048, [256, 512, 768, 1024]
 CPU_DTYPES = [torch.float32]
 
 
 def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int, int]]:
     if device.type == "cpu":
-        tokens, ds = (1024, CPU_DS[:1]) if quick else (CPU_TOKENS, CPU_DS)
+        tokens, ds = (1024, CPU_DS[:2]) if quick else (CPU_TOKENS, CPU_DS)
     else:
-        tokens, ds = (GPU_TOKENS, [1024]) if quick else (GPU_TOKENS, GPU_DS)
+        tokens, ds = (GPU_TOKENS, [1024, 4096]) if quick else (GPU_TOKENS, GPU_DS)
     return [(tokens, d, 4 * d) for d in ds]
 
 
@@ -149,6 +149,7 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
     shapes = [s if len(s) == 3 else (s[0], s[1], 4 * s[1])
               for s in (args.shapes or default_shapes(device, args.quick))]
@@ -166,11 +167,18 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     md = report.markdown(result, ["dtype", "M", "N", "hidden"],
                          [report.MS, report.TFLOPS, report.SPEEDUP.without(FLOOR),
                           report.PEAK.without(FLOOR)], notes)
-    folder = report.write(
-        result, cli.out_root(args), md,
-        lambda path: report.plot(result, path, lambda r: f"d={r['N']}", "tflops", "TFLOP/s"),
-    )
+    folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
+
+
+def draw(result: dict, path: Path, notes) -> None:
+    """TFLOP/s and peak memory over d_model, per pass and dtype."""
+    tokens = sorted({r["M"] for r in result["rows"]})
+    x = plotting.XAxis(lambda r: r["N"], "d_model (hidden = 4·d_model"
+                       + (f", {tokens[0]} tokens)" if len(tokens) == 1 else ")"))
+    metrics = [plotting.Metric("tflops", "TFLOP/s (GEMM flops)"),
+               plotting.Metric("peak_mem_mb", "peak MiB", skip=(FLOOR,))]
+    plotting.plot(result, path, x, metrics, notes)
 
 
 def measurement_notes(device: torch.device) -> list[str]:
@@ -202,7 +210,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    result, md, folder = run(parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    cli.warn_unpublishable(args)
+    result, md, folder = run(args)
     print(md)
     print(f"results written to {folder}", file=sys.stderr)
 

@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch
 import torch.nn.functional as F
 
-from benchmarks import availability, cli, harness, report, runner
+from benchmarks import availability, cli, harness, plotting, report, runner
 
 try:
     import fusednorm
@@ -141,6 +141,7 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
     shapes = args.shapes or default_shapes(device, args.quick)
     dtypes = args.dtypes or default_dtypes(device, args.quick)
@@ -155,12 +156,23 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     notes += measurement_notes(device)
     md = report.markdown(result, ["dtype", "M", "N"],
                          [report.MS, report.GBPS, report.SPEEDUP], notes)
-    folder = report.write(
-        result, cli.out_root(args), md,
-        lambda path: report.plot(result, path, lambda r: f"{r['M']}x{r['N']}", "gbps", "GB/s",
-                                 hline=result["copy_gbps"], hline_label="copy"),
-    )
+    folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
+
+
+def draw(result: dict, path: Path, notes) -> None:
+    """GB/s against the copy bandwidth, per pass and dtype: over the row length N for a
+    sweep of one size M·N (the GPU's M = 2^26 / N), else over the shapes M×N."""
+    shapes = list(dict.fromkeys((r["M"], r["N"]) for r in result["rows"]))
+    sizes = {m * n for m, n in shapes}
+    if len(shapes) > 1 and len({n for _, n in shapes}) == len(shapes) \
+            and max(sizes) <= 1.01 * min(sizes):
+        x = plotting.XAxis(lambda r: r["N"],
+                           f"row length N (M = 2^{round(math.log2(min(sizes)))} / N rows)")
+    else:
+        x = plotting.XAxis(lambda r: f"{r['M']}×{r['N']}", "shape M×N (rows × row length)")
+    metric = plotting.Metric("gbps", "GB/s (minimal bytes)", hline=(result["copy_gbps"], "copy"))
+    plotting.plot(result, path, x, [metric], notes)
 
 
 def measurement_notes(device: torch.device) -> list[str]:
@@ -189,7 +201,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    result, md, folder = run(parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    cli.warn_unpublishable(args)
+    result, md, folder = run(args)
     print(md)
     print(f"results written to {folder}", file=sys.stderr)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import tempfile
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -16,7 +16,7 @@ DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
     "fp64": torch.float64, "float64": torch.float64,
 }
-QUICK_OUT = Path(tempfile.gettempdir()) / "fusednorm-bench-quick"
+QUICK_DIR = stamp.LOCAL_DIR / "quick"
 
 
 def _csv(text: str) -> list[str]:
@@ -56,9 +56,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--passes", type=parse_passes, default=list(runner.PASSES),
                         help="comma list of fwd, bwd, fwd+bwd (default: all)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"few shapes, short timings, results to {QUICK_OUT} unless --out")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"results root; files go to OUT/<device>/ (default: {stamp.RESULTS_DIR})")
+                        help=f"few shapes, short timings (a smoke run); results to {QUICK_DIR}")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None,
+                       help=f"results root; files go to OUT/<device>/ (default: {stamp.LOCAL_DIR}, "
+                            "untracked)")
+    where.add_argument("--save", action="store_true",
+                       help=f"write into the committed {stamp.RESULTS_DIR}/<device>/ (the "
+                            "published results: run on a quiet machine)")
     parser.add_argument("--time-per-measurement", type=float, default=None, metavar="S",
                         help="seconds per timed measurement (default 0.5 CPU, 0.2 GPU; quick: 0.1)")
 
@@ -81,9 +86,22 @@ def resolve_device(choice: str) -> torch.device:
 
 
 def out_root(args: argparse.Namespace) -> Path:
+    """Where results go: --out, else the committed results with --save, else the untracked
+    local folder (a subfolder for --quick, so a smoke run leaves a full run's files alone)."""
+    if getattr(args, "save", False):
+        if args.quick:
+            raise SystemExit("--save publishes results: not with --quick (a smoke run)")
+        return stamp.RESULTS_DIR
     if args.out is not None:
         return args.out
-    return QUICK_OUT if args.quick else stamp.RESULTS_DIR
+    return QUICK_DIR if args.quick else stamp.LOCAL_DIR
+
+
+def warn_unpublishable(args: argparse.Namespace) -> None:
+    """--save from a checkout with uncommitted changes: the files will say '-dirty'."""
+    if getattr(args, "save", False) and stamp.git_commit().endswith("-dirty"):
+        print("warning: --save from a checkout with uncommitted changes; the results will be "
+              "stamped '<commit>-dirty'", file=sys.stderr)
 
 
 def budget_s(args: argparse.Namespace, device: torch.device) -> float:

@@ -195,6 +195,9 @@ def _cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+BUSY_PREFIX = "other work kept"  # how busy_note's warning starts (plots pick it out by it)
+
+
 def busy_note(device: torch.device, window_s: float = 1.0) -> str | None:
     """A warning when other work keeps this machine's CPUs busy (sampled for window_s while
     we sleep): thread pools then wait on each other's descheduled threads and CPU timings
@@ -210,5 +213,5 @@ def busy_note(device: torch.device, window_s: float = 1.0) -> str | None:
     share = (busy1 - busy0) / max(total1 - total0, 1)
     if share < 0.15:
         return None
-    return (f"other work kept {100 * share:.0f}% of the CPUs busy when the run started: "
+    return (f"{BUSY_PREFIX} {100 * share:.0f}% of the CPUs busy when the run started: "
             "CPU timings are unreliable; re-run on a quiet machine")

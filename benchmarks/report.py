@@ -1,5 +1,5 @@
-"""Writing a suite's results: <suite>.json (docs/DESIGN.md format), <suite>.md (providers side
-by side) and <suite>.png, under <out>/<device-slug>/."""
+"""Writing a suite's results: <suite>.json (docs/DESIGN.md's format), <suite>.md (providers side
+by side) and <suite>.png (drawn by benchmarks.plotting), under <out>/<device-slug>/."""
 from __future__ import annotations
 
 import dataclasses
@@ -91,47 +91,6 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
     if notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
-
-
-def plot(result: dict, path: Path, x_key: Callable[[dict], str], y_key: str, y_label: str,
-         hline: float | None = None, hline_label: str = "") -> None:
-    """One panel per (pass, dtype): y_key per provider over the cases."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["rows"]
-    passes = list(dict.fromkeys(r["pass"] for r in rows))
-    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
-    if not rows:
-        return
-    fig, axes = plt.subplots(len(passes), len(dtypes), squeeze=False,
-                             figsize=(4.5 * len(dtypes), 3.2 * len(passes)))
-    for i, pass_name in enumerate(passes):
-        for j, dtype in enumerate(dtypes):
-            ax = axes[i][j]
-            panel = [r for r in rows if r["pass"] == pass_name and r["dtype"] == dtype]
-            labels = list(dict.fromkeys(x_key(r) for r in panel))
-            for provider in _providers(panel):
-                points = [(labels.index(x_key(r)), r[y_key]) for r in panel
-                          if r["provider"] == provider and r[y_key] is not None]
-                if points:
-                    ax.plot(*zip(*points), marker="o", label=provider)
-            if hline is not None:
-                ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label=hline_label)
-            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
-            ax.set_title(f"{pass_name}, {dtype}", fontsize=9)
-            ax.set_ylabel(y_label, fontsize=8)
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-    fig.suptitle(f"{result['suite']} on {result['device']} ({result['commit'][:12]})",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def to_json(result: dict) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family, bench_overhead, cli
+from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family, bench_overhead, cli, stamp
 
 SUITES = {suite.SUITE: suite for suite in (bench_layer_norm, *bench_norm_family.SUITES.values(),
                                          bench_gelu_ffn, bench_overhead)}
@@ -28,18 +28,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def where_note(folder: Path, out: Path) -> str:
+    """The closing line: where the files are, and how to publish them."""
+    if out == stamp.RESULTS_DIR:
+        return f"Results saved to {folder} (committed folder: review with git diff before committing)."
+    note = f"Results in {folder}"
+    if out in (stamp.LOCAL_DIR, cli.QUICK_DIR):
+        note += (" (untracked). To publish them into "
+                 f"{stamp.RESULTS_DIR.relative_to(stamp.REPO_ROOT)}/, rerun with --save "
+                 "on a quiet machine.")
+    return note
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
         raise SystemExit(f"unknown suite(s) {unknown}; choose among {list(SUITES)}")
+    out = cli.out_root(args)
+    cli.warn_unpublishable(args)
     device = cli.resolve_device(args.device)
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
-    failed = []
+    failed, folders = [], []
     for name in args.suites:
         module = SUITES[name]
         suite_args = module.parser().parse_args([])
-        for key in ("device", "passes", "quick", "out", "time_per_measurement"):
+        for key in ("device", "passes", "quick", "out", "save", "time_per_measurement"):
             if hasattr(suite_args, key):
                 setattr(suite_args, key, getattr(args, key))
         start = time.monotonic()
@@ -52,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
         print(md)
         print(f"[{name}] {time.monotonic() - start:.0f} s; results written to {folder}",
               file=sys.stderr)
+        folders.append(folder)
+    for folder in dict.fromkeys(folders):
+        print(where_note(folder, out), file=sys.stderr)
     if failed:
         raise SystemExit(f"suite(s) failed: {', '.join(failed)}")
 

@@ -10,7 +10,11 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Published results, committed; written only with --save.
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+# Where a run writes by default: untracked (.gitignore), so that trying the benchmarks never
+# dirties the checkout or overwrites the published files.
+LOCAL_DIR = REPO_ROOT / "bench-out"
 
 
 def cpu_model_name() -> str:

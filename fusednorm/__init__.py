@@ -2,13 +2,15 @@
 from . import reference
 from .functional import add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, rms_norm
 from .info import __version__, build_info
+from .layer_norm_2d import FusedLayerNorm2d
 from .modules import FusedGeluFFN, FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm
 from .ops import FusedLayerNormFunction, GeluFFNFunction, LayerNormGeluFFNFunction
-from .patch import replace_layernorm
+from .patch import norm_report, replace_layernorm
 
 __all__ = [
     "FusedGeluFFN",
     "FusedLayerNorm",
+    "FusedLayerNorm2d",
     "FusedLayerNormFunction",
     "FusedLayerNormGeluFFN",
     "FusedRMSNorm",
@@ -19,6 +21,7 @@ __all__ = [
     "build_info",
     "gelu_ffn",
     "layer_norm",
+    "norm_report",
     "reference",
     "replace_layernorm",
     "rms_norm",

@@ -1,22 +1,199 @@
-"""Swapping fusednorm's modules into an existing model."""
+"""Swapping fusednorm's modules into an existing model.
+
+SWAPS lists every norm class that fusednorm can stand in for with the same results, keyed by
+the class's full name (so that timm, transformers, ... need not be imported to look it up).
+Each entry was checked by reading the class's forward: it must compute exactly what the
+target's forward computes over the same attributes. Supporting another class is one entry.
+"""
 from __future__ import annotations
+
+import logging
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from torch import nn
 
+from .layer_norm_2d import FusedLayerNorm2d
 from .modules import FusedLayerNorm
+
+logger = logging.getLogger("fusednorm")
+
+
+def _timm_fast_norm(module: nn.Module) -> Optional[str]:
+    # timm.layers.set_fast_norm(True) routes these through apex or a low-precision autocast
+    # path, which F.layer_norm (and fusednorm) do not follow.
+    if getattr(module, "_fast_norm", False):
+        return "timm's fast norm is on (timm.layers.set_fast_norm): it computes differently"
+    return None
+
+
+@dataclass(frozen=True)
+class Swap:
+    """How one norm class becomes a fusednorm module: its class is replaced in place by
+    `target` (parameters, buffers, hooks and attributes kept)."""
+
+    family: str  # which replace_* function swaps it: "layer_norm"
+    target: type
+    # A reason to leave this particular instance alone (e.g. a mode that computes
+    # differently), or None to swap it.
+    keep_if: Callable[[nn.Module], Optional[str]] = lambda module: None
+    # Renames or adds the attributes the target's forward reads (e.g. eps from
+    # variance_epsilon), before the class changes.
+    adapt: Optional[Callable[[nn.Module], None]] = None
+
+
+SWAPS: dict[str, Swap] = {
+    # torch: F.layer_norm(x, normalized_shape, weight, bias, eps).
+    "torch.nn.modules.normalization.LayerNorm": Swap("layer_norm", FusedLayerNorm),
+    # timm >= 0.9 (checked up to 1.0.31): F.layer_norm over the same args unless fast norm.
+    "timm.layers.norm.LayerNorm": Swap("layer_norm", FusedLayerNorm, keep_if=_timm_fast_norm),
+    # timm: permute NCHW -> NHWC, F.layer_norm over C, permute back; as FusedLayerNorm2d.
+    "timm.layers.norm.LayerNorm2d": Swap("layer_norm", FusedLayerNorm2d,
+                                         keep_if=_timm_fast_norm),
+}
+
+
+def class_name(cls: type) -> str:
+    """'module.QualName', the key of SWAPS."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class NormEntry:
+    """One norm module of a model and what replace_layernorm does with it."""
+
+    name: str  # its path in the model, as named_modules() gives it ("" for the model itself)
+    cls: str  # its class, 'module.QualName'
+    action: str  # "fused" (already fusednorm's), "swap" (replace_* swaps it) or "keep"
+    detail: str  # swap: the target class; keep: why; fused: ""
+
+
+@dataclass(frozen=True)
+class NormReport:
+    """The norm modules of a model: what fusednorm swaps, has swapped, and leaves alone."""
+
+    entries: tuple[NormEntry, ...]
+
+    def count(self, action: str) -> int:
+        return sum(entry.action == action for entry in self.entries)
+
+    def summary(self, action: str) -> str:
+        """'25 timm.layers.norm.LayerNorm -> FusedLayerNorm, 1 ...' for one action."""
+        groups = Counter((e.cls, e.detail) for e in self.entries if e.action == action)
+        arrow = " -> " if action == "swap" else ": "
+        return ", ".join(
+            f"{n} {cls}" + (f"{arrow}{detail}" if detail else "")
+            for (cls, detail), n in groups.items()
+        )
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.entries)} norm modules: {self.count('fused')} fusednorm, "
+                 f"{self.count('swap')} to swap, {self.count('keep')} kept"]
+        for action in ("fused", "swap", "keep"):
+            if self.count(action):
+                lines.append(f"  {action}: {self.summary(action)}")
+        return "\n".join(lines)
+
+
+_NORM_BASES = (nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+               nn.modules.batchnorm._NormBase) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: a torch norm class or a leaf module whose class is named *Norm*
+    (LlamaRMSNorm, T5LayerNorm, ...). Only for reporting: swaps go by SWAPS alone."""
+    if isinstance(module, _NORM_BASES):
+        return True
+    return "norm" in type(module).__name__.lower() and next(module.children(), None) is None
+
+
+def _plan(model: nn.Module, families: Optional[tuple[str, ...]]) -> NormReport:
+    table = {k: s for k, s in SWAPS.items() if families is None or s.family in families}
+    fused = tuple({s.target for s in SWAPS.values()})
+    entries = []
+    for name, module in model.named_modules():
+        cls = class_name(type(module))
+        swap = table.get(cls)
+        if isinstance(module, fused):
+            entries.append(NormEntry(name, cls, "fused", ""))
+        elif swap is not None:
+            reason = swap.keep_if(module)
+            entries.append(NormEntry(name, cls, "keep", reason) if reason
+                           else NormEntry(name, cls, "swap", swap.target.__name__))
+        elif _is_norm(module):
+            entries.append(NormEntry(name, cls, "keep", _why_not(module, cls)))
+    return NormReport(tuple(entries))
+
+
+def _why_not(module: nn.Module, cls: str) -> str:
+    if cls in SWAPS:
+        return f"swapped by another replace function ({SWAPS[cls].family})"
+    if isinstance(module, nn.LayerNorm):
+        return "a subclass of nn.LayerNorm not known to compute F.layer_norm"
+    return "no fusednorm equivalent"
+
+
+def norm_report(model: nn.Module) -> NormReport:
+    """Every norm module of `model` (named_modules order) and what fusednorm does with it:
+    "fused" (already a fusednorm module), "swap" (replace_layernorm would swap it, detail:
+    the new class) or "keep" (detail: why not). print() it for a summary.
+
+        >>> fusednorm.replace_layernorm(model)
+        >>> print(fusednorm.norm_report(model))
+        25 norm modules: 25 fusednorm, 0 to swap, 0 kept
+          fused: 25 fusednorm.modules.FusedLayerNorm
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"norm_report: model must be an nn.Module, got {type(model).__name__}")
+    return _plan(model, None)
+
+
+def swap_modules(model: nn.Module, families: tuple[str, ...], caller: str) -> NormReport:
+    """Swaps, in place, every module of `model` whose class SWAPS lists under `families`;
+    logs what it did at INFO level on the "fusednorm" logger, and warns when the model has
+    norm modules but none is or becomes fusednorm's. Returns the plan it carried out."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{caller}: model must be an nn.Module, got {type(model).__name__}")
+    plan = _plan(model, families)
+    for entry in plan.entries:
+        if entry.action == "swap":
+            module = model.get_submodule(entry.name)
+            swap = SWAPS[entry.cls]
+            if swap.adapt is not None:
+                swap.adapt(module)
+            module.__class__ = swap.target
+    swapped, fused, kept = plan.count("swap"), plan.count("fused"), plan.count("keep")
+    message = f"{caller}: swapped {swapped} norm module(s)"
+    if swapped:
+        message += f" ({plan.summary('swap')})"
+    if fused:
+        message += f"; {fused} already fusednorm's"
+    if kept:
+        message += f"; kept {kept} ({plan.summary('keep')})"
+    logger.info(message)
+    if kept and not swapped and not fused:
+        warnings.warn(f"{caller} swapped none of the model's {kept} norm module(s): "
+                      f"{plan.summary('keep')}. fusednorm.norm_report(model) lists them.",
+                      UserWarning, stacklevel=3)
+    return plan
 
 
 def replace_layernorm(model: nn.Module) -> nn.Module:
-    """Turns every plain nn.LayerNorm in `model` (the model itself included) into a
-    FusedLayerNorm, in place, and returns the model.
+    """Turns every LayerNorm of `model` (the model itself included) whose class fusednorm
+    knows to compute F.layer_norm into fusednorm's, in place, and returns the model.
 
-    The modules keep their identity, Parameter objects (so optimizer state stays valid),
-    device, dtype, hooks and train/eval mode: only their class changes. Subclasses of
-    nn.LayerNorm are left alone, since they may compute something else.
+    Swapped: torch.nn.LayerNorm and timm.layers.LayerNorm (-> FusedLayerNorm) and timm's
+    channels-first timm.layers.LayerNorm2d (-> FusedLayerNorm2d), the classes in
+    fusednorm.patch.SWAPS. Other subclasses of nn.LayerNorm are left alone, since they may
+    compute something else. The modules keep their identity, Parameter objects (so
+    optimizer state stays valid), device, dtype, hooks and train/eval mode: only their
+    class changes.
+
+    What was swapped is logged at INFO level (logger "fusednorm"); a UserWarning says so
+    when the model has norm modules but none was swapped. fusednorm.norm_report(model)
+    lists every norm module and what became of it.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"replace_layernorm: model must be an nn.Module, got {type(model).__name__}")
-    for module in model.modules():
-        if type(module) is nn.LayerNorm:
-            module.__class__ = FusedLayerNorm
+    swap_modules(model, ("layer_norm",), "replace_layernorm")
     return model

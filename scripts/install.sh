@@ -1,13 +1,81 @@
 #!/usr/bin/env bash
-# Installs fusednorm from this checkout into the current Python environment, with the extras
-# named in $1 (e.g. "test" or "bench"). torch must be present before the build (the
-# extension compiles against it, --no-build-isolation), so it is installed first: any
-# torch >= 2.11 already installed is kept.
+# Installs fusednorm from this checkout into the current Python environment ($PYTHON,
+# default python3) with the extras named in $1 (e.g. "test" or "bench"), compiling only
+# what changed since the last run:
+#   1. torch: any torch >= 2.11 already installed is kept. Otherwise torch is installed,
+#      the CPU-only wheel when this Linux machine has no NVIDIA driver or
+#      FUSEDNORM_CPU_ONLY=1 (the CUDA wheels weigh gigabytes).
+#   2. compile: `setup.py build_ext --inplace` when fusednorm/_build_stamp.py finds the
+#      library missing or stale (sources, torch or build knobs changed), with the compiler's
+#      progress shown; ninja keeps its objects in build/, so a rebuild compiles only the
+#      files that changed. The CUDA kernels are built when torch is a CUDA build and nvcc
+#      is found (FUSEDNORM_CPU_ONLY=1: never).
+#   3. register: `pip install -e ".[extras]"` without compiling again, when this checkout
+#      is not yet what `import fusednorm` finds or an extra's requirement is missing.
+#   4. with "models" among the extras: transformers and timm (+ torchvision), pinned to the
+#      installed torch; where that cannot be done the model tests skip, with a warning here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 extras=${1:-}
-"$PYTHON" -m pip install --quiet "torch>=2.11" ninja "setuptools>=64" wheel
-MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PYTHON" -m pip install --quiet --no-build-isolation \
-  --editable ".${extras:+[$extras]}"
+say() { echo "fusednorm install: $*" >&2; }
+pip_install() { "$PYTHON" -m pip install --disable-pip-version-check "$@"; }
+
+# 1. torch
+have_torch() {  # says which torch is here; fails without torch >= 2.11
+  "$PYTHON" -c 'import sys, torch
+v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+print(f"fusednorm install: torch {torch.__version__}, {build}")
+sys.exit(v < (2, 11))' 1>&2 2>/dev/null
+}
+if ! have_torch; then
+  if [[ $(uname -s) == Linux ]] && { [[ ${FUSEDNORM_CPU_ONLY:-0} == 1 ]] ||
+      ! { command -v nvidia-smi >/dev/null || [[ -e /proc/driver/nvidia/version ]]; }; }; then
+    say "installing the CPU-only torch (no NVIDIA driver here, or FUSEDNORM_CPU_ONLY=1)"
+    pip_install "torch>=2.11" --index-url https://download.pytorch.org/whl/cpu
+  else
+    say "installing torch"
+    pip_install "torch>=2.11"
+  fi
+  have_torch || { say "torch >= 2.11 does not import after its installation"; exit 1; }
+fi
+torch_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))')
+
+# 2. compile
+if ! "$PYTHON" -c 'import ninja, setuptools, wheel, sys
+sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' 2>/dev/null; then
+  pip_install ninja "setuptools>=64" wheel
+fi
+if stale=$("$PYTHON" fusednorm/_build_stamp.py build); then
+  say "compiled library up to date (sources, torch and build knobs unchanged): not rebuilding"
+else
+  jobs=${MAX_JOBS:-$(nproc)}
+  say "compiling ($stale) with MAX_JOBS=$jobs; a full CUDA build takes minutes"
+  start=$(date +%s)
+  MAX_JOBS=$jobs "$PYTHON" setup.py build_ext --inplace
+  say "compiled in $(( $(date +%s) - start )) s"
+fi
+
+# 3. register (and the extras' requirements)
+base_extras=${extras//models/}
+base_extras=$(echo "$base_extras" | tr -s ',' | sed 's/^,//; s/,$//')
+if why=$("$PYTHON" fusednorm/_build_stamp.py install "$base_extras"); then
+  say "fusednorm${base_extras:+[$base_extras]} already installed from this checkout"
+else
+  say "pip install -e .${base_extras:+[$base_extras]} ($why)"
+  FUSEDNORM_SKIP_BUILD_EXT=1 pip_install --no-build-isolation --editable ".${base_extras:+[$base_extras]}"
+fi
+
+# 4. model libraries, without letting them replace torch
+if [[ ,$extras, == *,models,* ]]; then
+  read -r -a missing <<< "$("$PYTHON" fusednorm/_build_stamp.py missing models | tr '\n' ' ')"
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    say "installing ${missing[*]} for the model-library tests (torch pinned to $torch_version)"
+    if ! pip_install "torch==$torch_version" torchvision "${missing[@]}"; then
+      say "WARNING: could not install ${missing[*]}: the transformers/timm tests will skip." \
+          "Install them by hand with: $PYTHON -m pip install torch==$torch_version torchvision ${missing[*]}"
+    fi
+  fi
+fi
 "$PYTHON" -c "import fusednorm, json; print(json.dumps(fusednorm.build_info()))"

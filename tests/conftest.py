@@ -79,3 +79,28 @@ def check_outputs_and_grads(fused_fn, torch_fn, ref_fn, tensors, names, grad_see
         rows = 1 if m.shape == x.shape else x.numel() // max(1, m.numel())
         atol = ATOL[dtype] * max(1, rows) ** 0.5
         assert_close_three_way(m.grad, t.grad, r.grad, dtype, what=f"grad {name}", atol=atol)
+class RecordingBackend:
+    """A torch.compile backend that runs AOTAutograd's forward and backward graphs eagerly
+    and keeps them (fw_graphs, bw_graphs), to check which ops they call.
+
+    torch._dynamo.testing.AotEagerAndRecordGraphs does the same but hands AOTAutograd
+    unboxed functions, for which AOTAutograd warns ("...doesn't take boxed arguments") on
+    every backward; make_boxed_func is what that warning asks for."""
+
+    def __init__(self):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.fw_graphs, self.bw_graphs = [], []
+
+        def recorder(graphs):
+            def compiler(gm, example_inputs):
+                graphs.append(gm)
+                return make_boxed_func(gm.forward)
+            return compiler
+
+        self._backend = aot_autograd(fw_compiler=recorder(self.fw_graphs),
+                                     bw_compiler=recorder(self.bw_graphs))
+
+    def __call__(self, gm, example_inputs):
+        return self._backend(gm, example_inputs)

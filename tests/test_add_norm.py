@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fusednorm
 from fusednorm import reference
-from conftest import DEVICES, DTYPES, check_outputs_and_grads, random_input
+from conftest import DEVICES, DTYPES, RecordingBackend, check_outputs_and_grads, random_input
 
 KINDS = ["layer_norm", "rms_norm"]
 
@@ -109,10 +109,8 @@ def test_opcheck(device):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compile_fullgraph(device, kind, dynamic):
-    from torch._dynamo.testing import AotEagerAndRecordGraphs
-
     torch._dynamo.reset()
-    backend = AotEagerAndRecordGraphs()
+    backend = RecordingBackend()
     fused, eager, _ = _fns(kind, (16,), 1e-5)
     w = random_input((16,), torch.float32, device, seed=3).requires_grad_()
     compiled = torch.compile(lambda x, r: fused(x, r, w, None), backend=backend, fullgraph=True,

@@ -4,11 +4,12 @@ judged here: benchmarks, never tests, carry performance numbers.)"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, runner
+from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, stamp
 
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "commit", "date", "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
@@ -103,3 +104,68 @@ def test_overhead_results_format(tmp_path):
         assert ours["x_torch"] == pytest.approx(ours["us"] / theirs["us"], rel=1e-2)
         assert 0 < ours["us_p20"] <= ours["us"] <= ours["us_p80"]
     _check_files(result, folder, "overhead")
+def _out(*argv):
+    return cli.out_root(bench_layer_norm.parser().parse_args(list(argv)))
+
+
+def _git_ignores(path) -> bool:
+    """Whether git ignores `path` in this checkout (True: a run there leaves git status clean)."""
+    import subprocess
+
+    probe = path / "some-device" / "layer_norm.json"
+    done = subprocess.run(["git", "-C", str(stamp.REPO_ROOT), "check-ignore", "-q", str(probe)])
+    return done.returncode == 0
+
+
+def test_default_output_is_untracked_and_outside_results():
+    """A plain run (and a --quick one) must not write into the committed results."""
+    import shutil
+
+    if shutil.which("git") is None or not (stamp.REPO_ROOT / ".git").exists():
+        pytest.skip("needs a git checkout")
+    for out in (_out(), _out("--quick")):
+        assert stamp.RESULTS_DIR not in (out, *out.parents), out
+        assert _git_ignores(out), f"{out} is not ignored by git"
+    assert not _git_ignores(stamp.RESULTS_DIR)  # the published files stay tracked
+
+
+def test_save_writes_the_committed_results_and_only_then():
+    assert _out("--save") == stamp.RESULTS_DIR
+    assert _out("--out", "/tmp/x") == Path("/tmp/x")
+    with pytest.raises(SystemExit):
+        _out("--save", "--quick")  # a smoke run is not published
+    with pytest.raises(SystemExit):
+        _out("--save", "--out", "/tmp/x")  # argparse: mutually exclusive
+
+
+def test_run_all_says_where_the_files_are():
+    local = run_all.where_note(stamp.LOCAL_DIR / "cpu-x", stamp.LOCAL_DIR)
+    assert str(stamp.LOCAL_DIR / "cpu-x") in local and "untracked" in local and "--save" in local
+    saved = run_all.where_note(stamp.RESULTS_DIR / "cpu-x", stamp.RESULTS_DIR)
+    assert "saved to" in saved and str(stamp.RESULTS_DIR / "cpu-x") in saved
+
+
+def test_plots_are_stamped():
+    from benchmarks import plotting
+
+    result = {"suite": "gelu_ffn", "device": "Some CPU", "device_kind": "cpu",
+              "torch": "2.14.1", "commit": "0123456789abcdef0123-dirty",
+              "date": "2026-01-02T03:04:05+00:00"}
+    quiet = plotting.stamp_lines(result, ["Timing: ..."])
+    assert quiet == ["gelu_ffn on Some CPU (cpu)",
+                     "torch 2.14.1 · commit 0123456789ab-dirty · 2026-01-02T03:04:05+00:00"]
+    busy = plotting.stamp_lines(result, ["other work kept 90% of the CPUs busy when the run "
+                                         "started: timings are noisy"])
+    assert busy[:2] == quiet and busy[2].startswith("WARNING: other work kept 90%")
+
+
+def test_replot_redraws_from_the_results_files(tmp_path):
+    from benchmarks import replot
+
+    _, md, folder = _run(bench_layer_norm, tmp_path, "--shapes", "64x32", "--dtypes", "fp32",
+                         "--providers", "torch", "--passes", "fwd")
+    png = folder / "layer_norm.png"
+    png.unlink()
+    assert replot.replot(folder) == [png] and png.stat().st_size > 0
+    assert replot.notes_of(md) and all(not n.startswith("- ") for n in replot.notes_of(md))
+    assert replot.notes_of("# x\n\nno notes\n") == []

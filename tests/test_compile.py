@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fusednorm
-from conftest import DEVICES, random_input
+from conftest import DEVICES, RecordingBackend, random_input
 
 
 def _opcheck_cases(device):
@@ -75,10 +75,8 @@ def test_compile_fullgraph_forward_backward(device, dynamic):
 def test_compiled_graphs_call_the_fused_ops(device):
     """The forward graph runs fusednorm's op and the backward graph its fused backward op,
     not a decomposition (the create_graph path of the backward is not taken)."""
-    from torch._dynamo.testing import AotEagerAndRecordGraphs
-
     torch._dynamo.reset()
-    backend = AotEagerAndRecordGraphs()
+    backend = RecordingBackend()
     fn = torch.compile(lambda x, w, b: fusednorm.layer_norm(x, (16,), w, b), backend=backend, fullgraph=True)
     x = random_input((4, 16), torch.float32, device).requires_grad_()
     w = torch.ones(16, device=device, requires_grad=True)

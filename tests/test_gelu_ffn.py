@@ -13,7 +13,8 @@ from torch import nn
 import fusednorm
 from fusednorm import reference
 
-from conftest import ATOL, DEVICES, DTYPES, HAS_CUDA, assert_close_three_way, random_input
+from conftest import (ATOL, DEVICES, DTYPES, HAS_CUDA, RecordingBackend, assert_close_three_way,
+                      random_input)
 
 APPROXIMATE = ["none", "tanh"]
 # (batch shape, d_model, hidden): odd sizes (scalar tails, unaligned rows), a 3-D input,
@@ -299,10 +300,8 @@ def test_compile_fullgraph(device, block, dynamic):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block", [False, True], ids=["ffn", "layer_norm_block"])
 def test_compiled_graphs_call_the_fused_ops(device, block):
-    from torch._dynamo.testing import AotEagerAndRecordGraphs
-
     torch._dynamo.reset()
-    backend = AotEagerAndRecordGraphs()
+    backend = RecordingBackend()
     module = _compile_case(block, device)
     compiled = torch.compile(module, backend=backend, fullgraph=True)
     x = random_input((4, 16), torch.float32, device).requires_grad_()

@@ -49,10 +49,23 @@ def _output_and_grads(model: nn.Module, inputs: dict) -> tuple[torch.Tensor, dic
     return out.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
-def assert_same_outputs_and_grads(model: nn.Module, fused: nn.Module, inputs: dict) -> None:
+def _assert_close_normwise(fused, torch_same_dtype, ref64, what, rtol=1e-5):
+    """||fused - ref64|| <= 2 ||torch - ref64|| + rtol ||ref64||: for gradients of deep
+    models, where rounding differences of every layer add up and an elementwise bound
+    would judge noise."""
+    ref64 = ref64.double()
+    fused_err = (fused.double() - ref64).norm().item()
+    torch_err = (torch_same_dtype.double() - ref64).norm().item()
+    bound = 2 * torch_err + rtol * ref64.norm().item()
+    assert fused_err <= bound, f"{what}: error norm {fused_err:.3e} > {bound:.3e} (torch {torch_err:.3e})"
+
+
+def assert_same_outputs_and_grads(model: nn.Module, fused: nn.Module, inputs: dict,
+                                  normwise_grads: bool = False) -> None:
     """fused(**inputs) and its parameter gradients match model(**inputs)'s, as far as
     float32 allows: both are checked against the model run in float64, and the fused
-    model's error may be at most about twice the original's (plus a small atol)."""
+    model's error may be at most about twice the original's (plus a small atol), element
+    by element (gradients: per tensor, by norm, with normwise_grads)."""
     ref64 = copy.deepcopy(model).double()
     inputs64 = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
     out, grads = _output_and_grads(model, inputs)
@@ -64,8 +77,11 @@ def assert_same_outputs_and_grads(model: nn.Module, fused: nn.Module, inputs: di
         if grad is None:
             assert fused_grads[name] is None, name
             continue
-        assert_close_three_way(fused_grads[name], grad, ref_grads[name], torch.float32,
-                               f"grad of {name}")
+        if normwise_grads:
+            _assert_close_normwise(fused_grads[name], grad, ref_grads[name], f"grad of {name}")
+        else:
+            assert_close_three_way(fused_grads[name], grad, ref_grads[name], torch.float32,
+                                   f"grad of {name}")
 
 
 def check_replace_layernorm(model: nn.Module, inputs: dict, device: str) -> None:
@@ -131,20 +147,77 @@ def test_vit(device):
 
 
 def _timm_vit(norm_layer):
+    """A small timm ViT; norm_layer=None: timm's default (timm.layers.LayerNorm)."""
     timm = pytest.importorskip("timm", reason="needs timm (test extra)")
     torch.manual_seed(0)
+    kwargs = {} if norm_layer is None else {"norm_layer": norm_layer}
     return timm.create_model(
         "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
-        embed_dim=32, num_heads=2, num_classes=10, norm_layer=norm_layer,
+        embed_dim=32, num_heads=2, num_classes=10, **kwargs,
     )
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_timm_vit(device):
-    """timm's own default, timm.layers.LayerNorm, is a subclass of nn.LayerNorm, which
-    replace_layernorm leaves alone; built with norm_layer=nn.LayerNorm the model is all
-    plain LayerNorms and is swapped completely."""
+def test_timm_vit_built_with_nn_layernorm(device):
+    """Built with norm_layer=nn.LayerNorm the model is all plain LayerNorms."""
     check_replace_layernorm(_timm_vit(nn.LayerNorm), {"x": _images(2, 32)}, device)
+
+
+def check_swaps_timm_norms(model: nn.Module, inputs: dict, device: str, source: str,
+                           target: type, count: int, normwise_grads: bool = False) -> None:
+    """replace_layernorm turns `count` modules of timm's class `source` into `target`,
+    says so in norm_report, and leaves outputs and gradients unchanged."""
+    model = model.to(device).eval()
+    _randomize_layernorms(model)
+    before = fusednorm.norm_report(model)
+    assert [e.cls for e in before.entries if e.action == "swap"] == [source] * count
+    fused = fusednorm.replace_layernorm(copy.deepcopy(model))
+    assert _count(fused, target) == count
+    after = fusednorm.norm_report(fused)
+    assert after.count("fused") == count and after.count("swap") == 0
+    assert_same_outputs_and_grads(model, fused, {k: v.to(device) for k, v in inputs.items()},
+                                  normwise_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_vit_tiny(device):
+    """timm's default ViT-tiny, whose 25 norms are timm.layers.LayerNorm (an nn.LayerNorm
+    subclass computing F.layer_norm over the same arguments)."""
+    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    check_swaps_timm_norms(model, {"x": _images(1, 224)}, device,
+                           "timm.layers.norm.LayerNorm", fusednorm.FusedLayerNorm, 25,
+                           normwise_grads=True)  # 12 blocks deep: see _assert_close_normwise
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_convnext(device):
+    """ConvNeXt's channels-first timm.layers.LayerNorm2d becomes FusedLayerNorm2d."""
+    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    torch.manual_seed(0)
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10,
+                              depths=(1, 1, 1, 1), dims=(16, 24, 32, 48))
+    check_swaps_timm_norms(model, {"x": _images(2, 64)}, device,
+                           "timm.layers.norm.LayerNorm2d", fusednorm.FusedLayerNorm2d, 9)
+
+
+def test_timm_fast_norm_is_kept():
+    """With timm's fast norm on, its LayerNorm computes otherwise (apex, or low precision
+    under autocast): replace_layernorm leaves it, and warns that nothing was swapped."""
+    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    from timm.layers import is_fast_norm, set_fast_norm
+
+    was = is_fast_norm()
+    set_fast_norm(True)
+    try:
+        model = _timm_vit(None)
+    finally:
+        set_fast_norm(was)
+    with pytest.warns(UserWarning, match="fast norm"):
+        fusednorm.replace_layernorm(model)
+    assert _count(model, fusednorm.FusedLayerNorm) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

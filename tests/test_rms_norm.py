@@ -9,7 +9,7 @@ from torch import nn
 
 import fusednorm
 from fusednorm import reference
-from conftest import DEVICES, DTYPES, check_outputs_and_grads, random_input
+from conftest import DEVICES, DTYPES, RecordingBackend, check_outputs_and_grads, random_input
 
 SIZES = [1, 7, 768, 1023, 4096, 65537]
 
@@ -109,10 +109,8 @@ def test_opcheck(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_runs_the_fused_ops(device):
-    from torch._dynamo.testing import AotEagerAndRecordGraphs
-
     torch._dynamo.reset()
-    backend = AotEagerAndRecordGraphs()
+    backend = RecordingBackend()
     w = _weight((16,), torch.float32, device).requires_grad_()
     fn = torch.compile(lambda x: fusednorm.rms_norm(x, (16,), w), backend=backend, fullgraph=True)
     x = random_input((4, 16), torch.float32, device).requires_grad_()

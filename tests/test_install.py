@@ -1,0 +1,98 @@
+"""scripts/install.sh's up-to-date check (fusednorm/_build_stamp.py): a second install of an
+unchanged checkout must not compile again, and any change that alters the library must."""
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusednorm import _build_stamp
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _write_build(root: Path, environ: dict, torch_version: str | None = None) -> None:
+    """What setup.py leaves behind: the library and _build_config.py with its stamp."""
+    (root / "fusednorm" / "_C.abi3.so").write_bytes(b"\x7fELF")
+    values = _build_stamp.stamp(root, environ)
+    if torch_version is not None:
+        values["TORCH_DIST_VERSION"] = torch_version
+    (root / "fusednorm" / "_build_config.py").write_text(
+        "".join(f"{k} = {v!r}\n" for k, v in values.items()))
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    (tmp_path / "csrc" / "cuda").mkdir(parents=True)
+    (tmp_path / "fusednorm").mkdir()
+    (tmp_path / "csrc" / "fusednorm.cpp").write_text("int f() { return 1; }\n")
+    (tmp_path / "csrc" / "cuda" / "k.cuh").write_text("// header\n")
+    (tmp_path / "setup.py").write_text("setup()\n")
+    return tmp_path
+
+
+def test_fresh_build_is_up_to_date(checkout):
+    assert _build_stamp.stale_reason(checkout, {}) == "not compiled yet"
+    _write_build(checkout, {})
+    assert _build_stamp.stale_reason(checkout, {}) is None
+
+
+@pytest.mark.parametrize("change", ["cpp", "header", "setup.py", "new file", "rename"])
+def test_source_changes_make_it_stale(checkout, change):
+    _write_build(checkout, {})
+    csrc = checkout / "csrc"
+    if change == "cpp":
+        (csrc / "fusednorm.cpp").write_text("int f() { return 2; }\n")
+    elif change == "header":
+        (csrc / "cuda" / "k.cuh").write_text("// header, changed\n")
+    elif change == "setup.py":
+        (checkout / "setup.py").write_text("setup(name='x')\n")
+    elif change == "new file":
+        (csrc / "cpu.cpp").write_text("\n")
+    else:
+        (csrc / "cuda" / "k.cuh").rename(csrc / "cuda" / "k2.cuh")
+    assert _build_stamp.stale_reason(checkout, {}) == "sources changed since the last build"
+
+
+def test_touching_a_file_is_not_a_change(checkout):
+    """Only contents count: a checkout or `touch` that leaves them alone does not rebuild."""
+    _write_build(checkout, {})
+    os.utime(checkout / "csrc" / "fusednorm.cpp", (1e9, 1e9))
+    assert _build_stamp.stale_reason(checkout, {}) is None
+
+
+def test_knobs_and_torch_make_it_stale(checkout):
+    _write_build(checkout, {"FUSEDNORM_CPU_ONLY": "1"})
+    assert _build_stamp.stale_reason(checkout, {"FUSEDNORM_CPU_ONLY": "1", "MAX_JOBS": "3"}) is None
+    reason = _build_stamp.stale_reason(checkout, {})
+    assert reason.startswith("build settings changed: FUSEDNORM_CPU_ONLY=''")
+    _write_build(checkout, {}, torch_version="2.0.0")
+    assert "built with torch 2.0.0" in _build_stamp.stale_reason(checkout, {})
+
+
+def test_missing_library_or_record(checkout):
+    _write_build(checkout, {})
+    (checkout / "fusednorm" / "_C.abi3.so").unlink()
+    assert _build_stamp.stale_reason(checkout, {}) == "not compiled yet"
+    _write_build(checkout, {})
+    (checkout / "fusednorm" / "_build_config.py").write_text("CUDA = False\n")
+    assert _build_stamp.stale_reason(checkout, {}).startswith("no successful build recorded")
+
+
+def test_this_checkout_is_up_to_date_after_its_build():
+    """The tests run on a library built from these sources against this torch (by
+    install.sh or by hand), so a second install.sh must find nothing to compile. Checked as
+    install.sh runs it, with the build knobs the library was built with."""
+    config = REPO / "fusednorm" / "_build_config.py"
+    if not config.exists():
+        pytest.skip("fusednorm was not built in this checkout")
+    knobs = runpy.run_path(str(config)).get("BUILD_KNOBS", {})
+    env = {**{k: v for k, v in os.environ.items() if k not in _build_stamp.KNOBS},
+           **{k: v for k, v in knobs.items() if v}}
+    done = subprocess.run([sys.executable, str(REPO / "fusednorm" / "_build_stamp.py"), "build"],
+                          capture_output=True, text=True, env=env)
+    assert (done.returncode, done.stdout.strip()) == (0, "up to date"), done.stdout + done.stderr
