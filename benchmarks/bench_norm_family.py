@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch
 import torch.nn.functional as F
 
-from benchmarks import availability, cli, harness, report, runner
+from benchmarks import availability, bench_layer_norm, cli, harness, report, runner
 
 try:
     import fusednorm
@@ -173,6 +173,7 @@ def usable_providers(suite: NormSuite, wanted, device, notes: list[str]) -> list
 
 
 def run(suite: NormSuite, args: argparse.Namespace):
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
     shapes = args.shapes or default_shapes(device, args.quick)
     dtypes = args.dtypes or (CPU_DTYPES if device.type == "cpu"
@@ -194,11 +195,8 @@ def run(suite: NormSuite, args: argparse.Namespace):
         "provider was checked against a float64 reference before it was timed.")
     md = report.markdown(result, ["dtype", "M", "N"], [report.MS, report.GBPS, report.SPEEDUP],
                          notes)
-    folder = report.write(
-        result, cli.out_root(args), md,
-        lambda path: report.plot(result, path, lambda r: f"{r['M']}x{r['N']}", "gbps", "GB/s",
-                                 hline=result["copy_gbps"], hline_label="copy"),
-    )
+    # The same GB/s-against-copy plot as the layer_norm suite's.
+    folder = report.write(result, out, md, lambda path: bench_layer_norm.draw(result, path, notes))
     return result, md, folder
 
 

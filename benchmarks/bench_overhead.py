@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks import availability, cli, harness, report, stamp
+from benchmarks import availability, cli, harness, plotting, report, stamp
 
 try:
     import fusednorm
@@ -127,6 +127,7 @@ def _row(api: str, case: str, provider: str, samples: list[float]) -> dict:
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
     reason = availability.fusednorm_skip_reason(device, "layer_norm", "layer_norm")
     if reason:
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
         "× torch = fusednorm's time over PyTorch's (lower is better; the target is ≤ 1.3 for "
         "LayerNorm, ≤ 1.1 for the FFN blocks' fwd+bwd).")
     md = markdown(result, notes)
-    folder = report.write(result, cli.out_root(args), md, lambda path: plot(result, path))
+    folder = report.write(result, out, md, lambda path: plot(result, path, notes))
     return result, md, folder
 
 
@@ -182,7 +183,7 @@ def markdown(result: dict, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, notes) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,8 +197,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_yticks(range(len(ours)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("host time per call, fusednorm / PyTorch (lower is better)")
-    ax.set_title(f"overhead: {result['device']}, torch {result['torch']}, "
-                 f"{result['commit'][:10]}, {result['date'][:10]}", fontsize=8)
+    ax.set_title("\n".join(plotting.stamp_lines(result, notes)), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

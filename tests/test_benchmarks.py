@@ -169,3 +169,17 @@ def test_replot_redraws_from_the_results_files(tmp_path):
     assert replot.replot(folder) == [png] and png.stat().st_size > 0
     assert replot.notes_of(md) and all(not n.startswith("- ") for n in replot.notes_of(md))
     assert replot.notes_of("# x\n\nno notes\n") == []
+
+
+@pytest.mark.parametrize("suite", ["rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_norm_family_results_format(tmp_path, suite):
+    from benchmarks import bench_norm_family
+
+    module = bench_norm_family.SUITES[suite]
+    result, md, folder = _run(module, tmp_path, "--shapes", "16x24", "--dtypes", "fp32",
+                              "--providers", "fusednorm,torch", "--passes", "fwd,fwd+bwd")
+    assert list(result) == TOP_KEYS and result["suite"] == suite
+    assert len(result["rows"]) == 2 * 2  # passes x providers: both passed the reference check
+    for row in result["rows"]:
+        assert sorted(row) == sorted(ROW_KEYS)
+    _check_files(result, folder, suite)
