@@ -29,9 +29,33 @@ __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, VEC>*>(p);
 }
 
+// One 16-byte global store, as an explicit instruction: assigning a pack of
+// c10::Half/BFloat16 (or a uint4 copied from one) let the compiler split the store into 2-
+// or 4-byte stores, and __stwb's vector store is a strong (ordered) one. The "memory"
+// clobber keeps later loads (the next pack's parameters) after the store, which keeps
+// fewer registers live: without it the 8-pack forward buckets spilled.
+__device__ __forceinline__ void store_global_16b(void* p, const uint4& v) {
+#ifdef FUSEDNORM_EMULATION
+  *reinterpret_cast<uint4*>(p) = v;
+#else
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+#endif
+}
+
+// Packs of 16 bytes or a multiple go out as 16-byte stores; narrower ones (VEC = 1) as one T.
 template <int VEC, typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+  if constexpr (sizeof(Pack<T, VEC>) % 16 == 0) {
+    const uint4* words = reinterpret_cast<const uint4*>(&pack);
+#pragma unroll
+    for (int w = 0; w < int(sizeof(Pack<T, VEC>) / 16); ++w) {
+      store_global_16b(reinterpret_cast<uint4*>(p) + w, words[w]);
+    }
+  } else {
+    *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+  }
 }
 
 // Element to accumulator. The 16-bit types convert from their bits, which keeps a pack in

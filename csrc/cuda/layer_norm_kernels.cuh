@@ -50,9 +50,20 @@ struct FwdVecBuckets {
   static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
                                      {256, 4}, {512, 4}, {512, 8}, {1024, 8}};
 };
+// Forward, 16-byte packs, when 1024 threads of 64 registers do not hold a large bucket
+// without spilling: float64 (its arithmetic takes register pairs) and float parameters
+// beside 16-bit inputs (16 bytes of weight and bias per 8 elements). The same capacity,
+// with at most 512 threads per row and up to 128 registers (kFwdThreadsPerSm).
+struct FwdVecBucketsWide {
+  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
+                                     {256, 4}, {512, 4}, {512, 8}, {512, 16}};
+};
 // Forward, one element per pack (misaligned data or N not a multiple of the pack width).
 struct FwdScalarBuckets {
   static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {1024, 8}};
+};
+struct FwdScalarBucketsWide {
+  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 16}};
 };
 // Backward, 16-byte packs. A thread holds x and dy packs and fp32 dweight/dbias sums for
 // its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so a
@@ -226,6 +237,23 @@ enum RowMode : int {
 // ---------------------------------------------------------------------------------------
 // Forward
 
+// The inputs for which the forward uses the Wide bucket tables.
+template <typename T, typename P>
+constexpr bool kWideFwd = sizeof(T) == 8 || sizeof(P) > sizeof(T);
+
+// Threads per multiprocessor a forward kernel is compiled to keep resident (launch bounds):
+// 1024 (64 registers a thread), or 512 (128 registers) for float64 and for the buckets of
+// 8 or more packs with float parameters beside 16-bit inputs, which spilled at 64.
+template <typename T, typename P, int TPR, int ITEMS>
+constexpr int kFwdMinBlocks =
+    std::max(1, (sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024) /
+                    RowLayout<TPR>::kBlock);
+
+// Whether a forward bucket holds its weight and bias packs in registers across rows: when
+// they take at most 8 registers each (the buckets of up to 2 packs per thread).
+template <typename P, int VEC, int ITEMS>
+constexpr bool kHoistFwdParams = ITEMS * VEC * sizeof(P) <= 32;
+
 template <typename T, typename P>
 struct FwdParams {
   using acc_t = acc_type_t<T>;
@@ -248,9 +276,10 @@ struct FwdParams {
 // mean = shift + mean(x - shift), y = (x - shift - mean(x - shift)) * rstd * w + b.
 // At most 64 registers per thread, so that 1024 threads per multiprocessor stay resident
 // whatever the bucket (the largest hold 32 registers of packs): several rows in flight per
-// multiprocessor let one row's loads overlap another's reductions.
+// multiprocessor let one row's loads overlap another's reductions. The exceptions, at 128
+// registers and 512 threads: kFwdMinBlocks.
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>::kBlock)
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
     layer_norm_fwd_kernel(const FwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
@@ -259,12 +288,26 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>:
   const int tid = threadIdx.x % TPR;
   const int slot = threadIdx.x / TPR;
   const int64_t groups = ceil_div(p.M, Layout::kRows);
+  constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
     const int64_t col0 = c * p.chunk;
     // Elements of this chunk (at most one bucket's capacity, so offsets in it fit an int).
     const int len = static_cast<int>(std::min(p.chunk, p.N - col0));
+    // Small buckets keep their parameter packs in registers for all the block's rows
+    // (loaded once, not after each row's reduction: a cache round trip per row).
+    Pack<P, VEC> w_hoisted[kHoistParams ? ITEMS : 1], b_hoisted[kHoistParams ? ITEMS : 1];
+    if constexpr (kHoistParams) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        if (off < len && p.mode != kPartial) {
+          if (p.weight != nullptr) w_hoisted[i] = load_pack<VEC>(p.weight + col0 + off);
+          if (p.bias != nullptr) b_hoisted[i] = load_pack<VEC>(p.bias + col0 + off);
+        }
+      }
+    }
     for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
       const int64_t row = g * Layout::kRows + slot;
       const bool row_ok = row < p.M;
@@ -337,25 +380,47 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>:
           const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - shift - mean_s) * rstd; };
           // One branch per affine case, each loading what it uses: parameter packs that
           // might be unset were unpacked element by element into separate registers.
+          // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
+          // that at most 8 parameter registers are live (16 spilled the 8-item buckets).
+          constexpr int kSub = std::min<int>(VEC, 16 / int(sizeof(P)));
           Pack<T, VEC> out;
-          if (p.weight != nullptr && p.bias != nullptr) {
-            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
-            const Pack<P, VEC> b = load_pack<VEC>(p.bias + col0 + off);
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              out.v[e] = static_cast<T>(fma_acc(xhat(e), to_acc(w.v[e]), to_acc(b.v[e])));
+          for (int h = 0; h < VEC / kSub; ++h) {
+            const int64_t at = col0 + off + h * kSub;
+            const auto param = [&](const P* base, const Pack<P, VEC>& hoisted) {
+              Pack<P, kSub> sub;
+              if constexpr (kHoistParams) {
+#pragma unroll
+                for (int e = 0; e < kSub; ++e) sub.v[e] = hoisted.v[h * kSub + e];
+              } else {
+                sub = load_pack<kSub>(base + at);
+              }
+              return sub;
+            };
+            if (p.weight != nullptr && p.bias != nullptr) {
+              const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
+              const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) {
+                out.v[h * kSub + e] =
+                    static_cast<T>(fma_acc(xhat(h * kSub + e), to_acc(w.v[e]), to_acc(b.v[e])));
+              }
+            } else if (p.weight != nullptr) {
+              const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) {
+                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) * to_acc(w.v[e]));
+              }
+            } else if (p.bias != nullptr) {
+              const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) {
+                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) + to_acc(b.v[e]));
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e));
             }
-          } else if (p.weight != nullptr) {
-            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e) * to_acc(w.v[e]));
-          } else if (p.bias != nullptr) {
-            const Pack<P, VEC> b = load_pack<VEC>(p.bias + col0 + off);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e) + to_acc(b.v[e]));
-          } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e));
           }
           store_pack<VEC>(p.y + (row_start + col0) + off, out);
         }
@@ -407,6 +472,9 @@ __global__ void __launch_bounds__(128)
 // block handles; at the end the block's row slots are added in slot order and the block
 // writes one row of partials [grid.x, N], which a last kernel sums over in row order.
 
+template <int TPR>
+constexpr int kBwdMinBlocks = RowLayout<TPR>::kBlock >= 512 ? 1 : 512 / RowLayout<TPR>::kBlock;
+
 template <typename T, typename P>
 struct BwdParams {
   using acc_t = acc_type_t<T>;
@@ -425,8 +493,10 @@ struct BwdParams {
   int mode;
 };
 
+// At most 128 registers per thread (16 warps per multiprocessor): without the bound, the
+// 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
     layer_norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
@@ -740,9 +810,11 @@ void layer_norm_fwd_impl(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceI
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
                           is_16b_aligned(a.weight) && is_16b_aligned(a.bias);
   if (vectorized) {
-    run_fwd<T, P, kVec<T>, FwdVecBuckets>(a, ws, dev, stream);
+    run_fwd<T, P, kVec<T>, std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>>(
+        a, ws, dev, stream);
   } else {
-    run_fwd<T, P, 1, FwdScalarBuckets>(a, ws, dev, stream);
+    run_fwd<T, P, 1, std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>>(
+        a, ws, dev, stream);
   }
 }
 
