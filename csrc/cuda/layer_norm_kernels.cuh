@@ -470,7 +470,8 @@ __global__ void __launch_bounds__(128)
 //
 // Each thread keeps fp32 sums of dy * xhat and dy for its own columns over all the rows its
 // block handles; at the end the block's row slots are added in slot order and the block
-// writes one row of partials [grid.x, N], which a last kernel sums over in row order.
+// writes one row of partials (dweight and dbias side by side), which one last kernel sums
+// over in row order.
 
 template <int TPR>
 constexpr int kBwdMinBlocks = RowLayout<TPR>::kBlock >= 512 ? 1 : 512 / RowLayout<TPR>::kBlock;
@@ -484,8 +485,11 @@ struct BwdParams {
   const acc_t* rstd;
   const P* weight;  // nullable
   T* dx;
-  acc_t* dweight_part;  // nullable: [grid.x, N]
-  acc_t* dbias_part;    // nullable: [grid.x, N]
+  // Parameter-gradient partials: one row per block of grid.x, rows part_stride apart in one
+  // buffer (dweight's N columns, then dbias's), so that one launch sums both.
+  acc_t* dweight_part;  // nullable
+  acc_t* dbias_part;    // nullable
+  int64_t part_stride;
   acc_t* row_part;      // kPartial: [M, chunks, 2] sums of g and g * xhat
   const acc_t* row_coef;  // kApply: [M, 2] mean(g) and mean(g * xhat)
   int64_t M, N;
@@ -522,6 +526,24 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) dw[i][e] = db[i][e] = 0;
     }
+    // Small buckets keep the weight packs in registers for all the block's rows (as the
+    // forward); the others load them per row, where both passes over the row use them.
+    constexpr bool kHoistWeight = kHoistFwdParams<P, VEC, ITEMS>;
+    Pack<P, VEC> w_hoisted[kHoistWeight ? ITEMS : 1];
+    if constexpr (kHoistWeight) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        if (off < len && p.weight != nullptr) w_hoisted[i] = load_pack<VEC>(p.weight + col0 + off);
+      }
+    }
+    const auto weight_pack = [&](int i, int off) {
+      if constexpr (kHoistWeight) {
+        return w_hoisted[i];
+      } else {
+        return load_pack<VEC>(p.weight + col0 + off);
+      }
+    };
 
     for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
       const int64_t row = g * Layout::kRows + slot;
@@ -561,7 +583,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
               }
             };
             if (p.weight != nullptr) {
-              const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + (i * TPR + tid) * VEC);
+              const Pack<P, VEC> w = weight_pack(i, (i * TPR + tid) * VEC);
               add([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
             } else {
               add([](int, acc_t d) { return d; });
@@ -601,7 +623,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
             }
           };
           if (p.weight != nullptr) {
-            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
+            const Pack<P, VEC> w = weight_pack(i, off);
             apply([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
           } else {
             apply([](int, acc_t d) { return d; });
@@ -639,7 +661,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
         }
       }
       if (slot == 0) {
-        const int64_t part_base = int64_t(blockIdx.x) * p.N + col0;
+        const int64_t part_base = int64_t(blockIdx.x) * p.part_stride + col0;
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
           const int off = (i * TPR + tid) * VEC;
@@ -683,29 +705,41 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-// out[j] = sum over r of part[r, j], r in a fixed order (32 strided partial sums, then
-// those in order), rounded once to P. Blocks of 32 columns x 32 partial sums.
+// The parameter gradients from the backward's partial rows: column j of part ([rows,
+// width], width = N for one gradient, 2N for dweight then dbias) summed over the rows into
+// out0[j] (j < N) or out1[j - N], rounded once to P. One launch for both gradients. A block
+// of 256 threads takes `cols` adjacent columns (32, 16 or 8: the launcher picks the widest
+// that still gives every multiprocessor a block) with 256 / cols row lanes; lane r sums rows
+// r, r + lanes, ... in order, then lane 0 adds the lanes' sums in lane order: a fixed order
+// for a given device and shape, so the result is bitwise reproducible.
+constexpr int kSumThreads = 256;
+
 template <typename acc_t, typename P>
-__global__ void __launch_bounds__(1024)
-    sum_partial_rows_kernel(const acc_t* part, int64_t rows, int64_t N, P* out) {
-  __shared__ acc_t tile[kWarpSize][kWarpSize + 1];
-  const int tx = threadIdx.x % kWarpSize;
-  const int ty = threadIdx.x / kWarpSize;
-  for (int64_t col0 = int64_t(blockIdx.x) * kWarpSize; col0 < N;
-       col0 += int64_t(gridDim.x) * kWarpSize) {
+__global__ void __launch_bounds__(kSumThreads)
+    sum_partial_rows_kernel(const acc_t* part, int64_t rows, int64_t width, int64_t N, int cols,
+                            P* out0, P* out1) {
+  __shared__ acc_t lanes_sum[kSumThreads];
+  const int tx = threadIdx.x % cols;
+  const int lane = threadIdx.x / cols;
+  const int lanes = kSumThreads / cols;
+  for (int64_t col0 = int64_t(blockIdx.x) * cols; col0 < width;
+       col0 += int64_t(gridDim.x) * cols) {
     const int64_t col = col0 + tx;
     acc_t sum = 0;
-    if (col < N) {
+    if (col < width) {
 #pragma unroll 4
-      for (int64_t r = ty; r < rows; r += kWarpSize) sum += part[r * N + col];
+      for (int64_t r = lane; r < rows; r += lanes) sum += part[r * width + col];
     }
-    tile[ty][tx] = sum;
+    lanes_sum[threadIdx.x] = sum;
     __syncthreads();
-    if (ty == 0 && col < N) {
+    if (lane == 0 && col < width) {
       acc_t total = 0;
-#pragma unroll
-      for (int k = 0; k < kWarpSize; ++k) total += tile[k][tx];
-      out[col] = static_cast<P>(total);
+      for (int l = 0; l < lanes; ++l) total += lanes_sum[l * cols + tx];
+      if (col < N) {
+        out0[col] = static_cast<P>(total);
+      } else {
+        out1[col - N] = static_cast<P>(total);
+      }
     }
     __syncthreads();
   }
@@ -841,12 +875,23 @@ void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, Device
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Columns per block of sum_partial_rows_kernel: the widest of 32, 16, 8 that still makes a
+// block per multiprocessor (32 columns of 1024 gave 64 blocks for N = 1024).
+int sum_partial_cols(int64_t width, DeviceInfo dev) {
+  for (int cols : {32, 16}) {
+    if (ceil_div(width, cols) >= dev.sm_count) return cols;
+  }
+  return 8;
+}
+
 template <typename acc_t, typename P>
-void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t N, P* out, DeviceInfo dev,
-                             cudaStream_t stream) {
+void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int64_t N, P* out0,
+                             P* out1, DeviceInfo dev, cudaStream_t stream) {
+  const int cols = sum_partial_cols(width, dev);
   const auto blocks = static_cast<unsigned>(
-      std::clamp<int64_t>(ceil_div(N, kWarpSize), 1, int64_t(dev.sm_count) * 2));
-  sum_partial_rows_kernel<acc_t, P><<<blocks, kWarpSize * kWarpSize, 0, stream>>>(part, rows, N, out);
+      std::clamp<int64_t>(ceil_div(width, cols), 1, int64_t(dev.sm_count) * 8));
+  sum_partial_rows_kernel<acc_t, P>
+      <<<blocks, kSumThreads, 0, stream>>>(part, rows, width, N, cols, out0, out1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -870,9 +915,15 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
     const dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems>(p, dev);
-    const int64_t part_bytes = int64_t(grid.x) * a.N * int64_t(sizeof(acc_t));
-    acc_t* dweight_part = a.dweight != nullptr ? static_cast<acc_t*>(ws.allocate(part_bytes)) : nullptr;
-    acc_t* dbias_part = a.dbias != nullptr ? static_cast<acc_t*>(ws.allocate(part_bytes)) : nullptr;
+    // One partial row per block ([grid.x, grads * N]: dweight's columns, then dbias's).
+    const int grads = int(a.dweight != nullptr) + int(a.dbias != nullptr);
+    const int64_t part_stride = grads * a.N;
+    acc_t* part = grads > 0 ? static_cast<acc_t*>(ws.allocate(int64_t(grid.x) * part_stride *
+                                                               int64_t(sizeof(acc_t))))
+                            : nullptr;
+    acc_t* dweight_part = a.dweight != nullptr ? part : nullptr;
+    acc_t* dbias_part = a.dbias != nullptr ? part + (a.dweight != nullptr ? a.N : 0) : nullptr;
+    p.part_stride = part_stride;
     if (split.chunks == 1) {
       p.mode = kFull;
     } else {
@@ -887,8 +938,11 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
     p.dweight_part = dweight_part;
     p.dbias_part = dbias_part;
     launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
-    if (dweight_part != nullptr) launch_sum_partial_rows(dweight_part, grid.x, a.N, a.dweight, dev, stream);
-    if (dbias_part != nullptr) launch_sum_partial_rows(dbias_part, grid.x, a.N, a.dbias, dev, stream);
+    if (grads > 0) {
+      // Columns [0, N) go to the first gradient present, [N, 2N) to dbias.
+      P* first = a.dweight != nullptr ? a.dweight : a.dbias;
+      launch_sum_partial_rows(part, grid.x, part_stride, a.N, first, a.dbias, dev, stream);
+    }
   });
 }
 
