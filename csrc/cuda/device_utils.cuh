@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "common/welford.h"
 
@@ -26,6 +27,9 @@ struct alignas(VEC * sizeof(T) >= 16 ? 16 : VEC * sizeof(T)) Pack {
 
 template <int VEC, typename T>
 __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::check_aligned(p, alignof(Pack<T, VEC>));  // a GPU faults on a misaligned access
+#endif
   return *reinterpret_cast<const Pack<T, VEC>*>(p);
 }
 
@@ -36,6 +40,7 @@ __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
 // fewer registers live: without it the 8-pack forward buckets spilled.
 __device__ __forceinline__ void store_global_16b(void* p, const uint4& v) {
 #ifdef FUSEDNORM_EMULATION
+  ::emu::check_aligned(p, 16);
   *reinterpret_cast<uint4*>(p) = v;
 #else
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
@@ -54,6 +59,9 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
       store_global_16b(reinterpret_cast<uint4*>(p) + w, words[w]);
     }
   } else {
+#ifdef FUSEDNORM_EMULATION
+    ::emu::check_aligned(p, alignof(Pack<T, VEC>));
+#endif
     *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
   }
 }
@@ -140,6 +148,19 @@ __device__ __forceinline__ WelfordState<acc_t> warp_merge(WelfordState<acc_t> s)
     s = left ? chan_merge(s, other) : chan_merge(other, s);
   }
   return s;
+}
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...). The launchers go through it so that
+// tests/emulation can compile them as host C++ and run the kernels on its emulated blocks
+// (FUSEDNORM_EMULATION, defined only there).
+template <typename... Params, typename... Args>
+inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          Args&&... args) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::launch(kernel, grid, block, stream, std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+#endif
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -785,7 +785,7 @@ dim3 fwd_grid(const FwdParams<T, P>& p, DeviceInfo dev) {
 
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
 void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS><<<grid, RowLayout<TPR>::kBlock, 0, stream>>>(p);
+  launch_kernel(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -796,7 +796,7 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
 
 template <typename T, typename P>
 void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
-  layer_norm_merge_stats_kernel<T><<<warp_per_row_grid(p.M, dev), 128, 0, stream>>>(
+  launch_kernel(layer_norm_merge_stats_kernel<T>, warp_per_row_grid(p.M, dev), 128, stream,
       p.partial, p.x, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd, p.shifted_mean);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -863,14 +863,15 @@ dim3 bwd_grid(const BwdParams<T, P>& p, DeviceInfo dev) {
 
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
 void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS><<<grid, RowLayout<TPR>::kBlock, 0, stream>>>(p);
+  launch_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, typename P>
 void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
                        cudaStream_t stream) {
-  layer_norm_merge_sums_kernel<acc_type_t<T>><<<warp_per_row_grid(p.M, dev), 128, 0, stream>>>(
+  launch_kernel(layer_norm_merge_sums_kernel<acc_type_t<T>>, warp_per_row_grid(p.M, dev), 128,
+                stream,
       p.row_part, p.M, p.N, p.chunks, row_coef);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -890,8 +891,8 @@ void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int
   const int cols = sum_partial_cols(width, dev);
   const auto blocks = static_cast<unsigned>(
       std::clamp<int64_t>(ceil_div(width, cols), 1, int64_t(dev.sm_count) * 8));
-  sum_partial_rows_kernel<acc_t, P>
-      <<<blocks, kSumThreads, 0, stream>>>(part, rows, width, N, cols, out0, out1);
+  launch_kernel(sum_partial_rows_kernel<acc_t, P>, blocks, kSumThreads, stream, part, rows, width,
+                N, cols, out0, out1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
