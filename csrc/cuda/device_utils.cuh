@@ -35,17 +35,16 @@ __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
 
 // One 16-byte global store, as an explicit instruction: assigning a pack of
 // c10::Half/BFloat16 (or a uint4 copied from one) let the compiler split the store into 2-
-// or 4-byte stores, and __stwb's vector store is a strong (ordered) one. The "memory"
-// clobber keeps later loads (the next pack's parameters) after the store, which keeps
-// fewer registers live: without it the 8-pack forward buckets spilled.
+// or 4-byte stores, and __stwb's vector store is a strong (ordered) one. No "memory"
+// clobber, so that the compiler may still issue later loads (the next packs' parameters)
+// before it: nothing reads these outputs back in the same kernel.
 __device__ __forceinline__ void store_global_16b(void* p, const uint4& v) {
 #ifdef FUSEDNORM_EMULATION
   ::emu::check_aligned(p, 16);
   *reinterpret_cast<uint4*>(p) = v;
 #else
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
+               "r"(v.z), "r"(v.w));
 #endif
 }
 
