@@ -42,7 +42,7 @@ SCALAR_N = [1, 7, 127, 129, 511, 513, 2047, 2049, 4095, 4097, 8191, 8193, 20001]
 def compiler_flags(only_float=False):
     includes = [os.path.join(EMULATION, "include"), os.path.join(REPO, "csrc")]
     includes += torch.utils.cpp_extension.include_paths()[:1]  # c10's headers (Half, BFloat16)
-    flags = ["-std=c++20", "-O1", "-g0", "-ffp-contract=off", "-U_FORTIFY_SOURCE",
+    flags = ["-std=c++20", "-O1", "-g0", "-ffp-contract=off", "-U_FORTIFY_SOURCE", "-pthread",
              "-DFUSEDNORM_EMULATION"] + [f"-I{d}" for d in includes]
     return flags + (["-DEMU_ONLY_FLOAT"] if only_float else [])
 
@@ -90,6 +90,38 @@ def run_cases(binary, lines, timeout=600):
     return done.returncode, done.stdout, done.stderr
 
 
+# The largest bucket's row length in elements (chunks are cut beyond it), per pass and
+# path: csrc/cuda/layer_norm_kernels.cuh's tables (the forward's 8192 packs of 16 bytes or
+# 8192 elements; the backward's 1024 packs for 16-bit inputs, else 2048, or 4096 elements).
+def largest_row(pass_, t, vectorized):
+    vec = 16 // SIZE[t]
+    if pass_ == "fwd":
+        return 8192 * vec if vectorized else 8192
+    if not vectorized:
+        return 4096
+    return (1024 if SIZE[t] == 2 else 2048) * vec
+
+
+def cluster_cases(pass_, t, p):
+    """(case line, expected clustered launches): chunked rows of 2 to 8 chunks take one
+    clustered launch when clusters are allowed; 9 chunks, or no clusters, the three-launch
+    path."""
+    vec = 16 // SIZE[t]
+    cases = []
+    for vectorized in (True, False):
+        big = largest_row(pass_, t, vectorized)
+        # Multiples of the pack (the 16-byte path), or odd lengths (the one-element path).
+        step = vec if vectorized else 1
+        two = 2 * big if vectorized else 2 * big + 1
+        for n, clustered, allow in [(two, 1, True), (8 * big - step, 1, True),
+                                    (8 * big + step, 0, True), (two, 0, False)]:
+            affine = AFFINE[len(cases) % len(AFFINE)]
+            order = ORDERS[len(cases) % len(ORDERS)]
+            flag = " clusters" if allow else ""
+            cases.append((f"{pass_} {t} {p} 3 {n} {affine} 0 0 {order} 2{flag}", clustered))
+    return cases
+
+
 def rows_for(n):
     """Odd row counts: enough for several row groups per block (4 blocks of up to 4 rows
     each), few for long rows."""
@@ -113,6 +145,22 @@ def cases_for(pass_, t, p):
         lines.append(f"{pass_} {t} {p} 9 {vec * 96} {affine} 0 0 shuffle 132")
     lines.append(f"{pass_} {t} {p} 2001 {vec * 4} wb 0 0 asc 3")
     return lines
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_cluster_long_rows(harness, pass_, t, p):
+    """Rows of 2 to 8 chunks held by the blocks of a thread-block cluster (sm_90's path), in
+    one launch, against float64; 9 chunks (more than a portable cluster) and launches
+    without clusters take the chunked three-launch path."""
+    cases = cluster_cases(pass_, t, p)
+    code, out, err = run_cases(harness, [line for line, _ in cases])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    failures = [line for line in results if line.startswith("FAIL")]
+    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
+    assert len(results) == len(cases)
+    for (line, clustered), result in zip(cases, results):
+        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
 
 
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])

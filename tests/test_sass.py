@@ -51,14 +51,16 @@ def row_kernels():
 
 
 def test_sass_inventory_has_every_row_kernel_path():
-    """The parse found sm_ cubins and, per arch, both passes of every dtype in both layouts:
-    the other checks cannot pass by finding nothing."""
+    """The parse found sm_ cubins and, per arch, both passes of every dtype in both layouts,
+    with and without clusters: the other checks cannot pass by finding nothing."""
     found = {}
     for k, rk in row_kernels():
-        found.setdefault(k.arch, set()).add((rk.direction, rk.dtype, rk.vectorized))
+        found.setdefault(k.arch, set()).add((rk.direction, rk.dtype, rk.vectorized, rk.cluster))
     assert found, "no LayerNorm row kernels in the library's SASS"
     for arch, paths in found.items():
-        missing = {(d, t, v) for d in ("fwd", "bwd") for t in DTYPES for v in (True, False)} - paths
+        missing = {
+            (d, t, v, c) for d in ("fwd", "bwd") for t in DTYPES for v in (True, False) for c in (True, False)
+        } - paths
         assert not missing, f"{arch}: no SASS for {sorted(missing)}"
     assert all(sum(k.ops.values()) > 0 for k, _ in row_kernels()), "kernels without instructions"
 

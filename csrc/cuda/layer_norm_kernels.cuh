@@ -10,9 +10,12 @@
 // 128 threads per row takes 128 / TPR rows side by side. Blocks stride over row groups
 // (grid.x) and chunks (grid.y), so no grid limit binds and offsets are int64.
 //
-// Rows that do not fit one kernel's registers are split into chunks: a first launch writes
-// per-chunk partial results (Welford summaries; backward sums), a small kernel merges each
-// row's chunks in a fixed order, and a second launch of the same kernel applies them.
+// Rows that do not fit one kernel's registers are split into chunks. On sm_90 and newer, up
+// to 8 chunks are held by the blocks of a thread-block cluster (the CLUSTER instantiations),
+// which exchange their chunks' statistics through distributed shared memory: the row is
+// still read once. Elsewhere (and for more chunks) a first launch writes per-chunk partial
+// results (Welford summaries; backward sums), a small kernel merges each row's chunks in a
+// fixed order, and a second launch of the same kernel applies them.
 //
 // Inputs whose pointers are not 16-byte aligned or whose N is not a multiple of the pack
 // width take the same kernels with one-element packs (VEC = 1).
@@ -25,10 +28,12 @@
 #include <climits>
 #include <cstdint>
 #include <iterator>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "common/welford.h"
+#include "cuda/cluster.cuh"
 #include "cuda/device_utils.cuh"
 #include "cuda/layer_norm_launch.h"
 
@@ -227,6 +232,49 @@ __device__ __forceinline__ void row_sum2(acc_t& a, acc_t& b, acc_t* red) {
   }
 }
 
+// The row's summary over the blocks of a cluster (each holds one chunk), merged in block-rank
+// order: the same bits in every thread of every block. slot: this block's 3 words for the
+// row, in a buffer that no block has read since the previous cluster barrier (the callers
+// alternate two, and every block passes a cluster barrier per row).
+template <typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> cluster_merge(const WelfordState<acc_t>& s,
+                                                             acc_t* slot, bool writer,
+                                                             int blocks) {
+  if (writer) {
+    slot[0] = s.mean;
+    slot[1] = s.m2;
+    slot[2] = s.count;
+  }
+  cluster_sync();
+  WelfordState<acc_t> total;
+  for (int r = 0; r < blocks; ++r) {
+    const acc_t* peer = cluster_peer(slot, r);
+    WelfordState<acc_t> t;
+    t.mean = peer[0];
+    t.m2 = peer[1];
+    t.count = peer[2];
+    total = chan_merge(total, t);
+  }
+  return total;
+}
+
+// Sums of a and b over the blocks of a cluster, in block-rank order (as cluster_merge).
+template <typename acc_t>
+__device__ __forceinline__ void cluster_sum2(acc_t& a, acc_t& b, acc_t* slot, bool writer,
+                                             int blocks) {
+  if (writer) {
+    slot[0] = a;
+    slot[1] = b;
+  }
+  cluster_sync();
+  a = b = acc_t(0);
+  for (int r = 0; r < blocks; ++r) {
+    const acc_t* peer = cluster_peer(slot, r);
+    a += peer[0];
+    b += peer[1];
+  }
+}
+
 // What a launch of the row kernels does with its chunk of each row.
 enum RowMode : int {
   kFull = 0,     // whole rows: statistics/sums in the block, then the output
@@ -278,12 +326,15 @@ struct FwdParams {
 // whatever the bucket (the largest hold 32 registers of packs): several rows in flight per
 // multiprocessor let one row's loads overlap another's reductions. The exceptions, at 128
 // registers and 512 threads: kFwdMinBlocks.
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+// CLUSTER: launched in clusters of p.chunks blocks along y (grid.y == p.chunks), mode kFull:
+// block y holds chunk y of each row, and the blocks merge their statistics (cluster_merge).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
     layer_norm_fwd_kernel(const FwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
+  __shared__ acc_t cluster_slots[CLUSTER ? 2 : 1][Layout::kRows][3];
 
   const int tid = threadIdx.x % TPR;
   const int slot = threadIdx.x / TPR;
@@ -350,8 +401,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             }
           }
         }
-        const WelfordState<acc_t> s = row_merge<Layout::kWarps>(
+        WelfordState<acc_t> s = row_merge<Layout::kWarps>(
             merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), red[parity][slot]);
+        if constexpr (CLUSTER) {
+          s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+        }
         parity ^= 1;
         if (p.mode == kPartial) {
           if (row_ok && tid == 0) {
@@ -364,7 +418,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         }
         mean_s = s.mean;
         rstd = inverse_sqrt(s.variance() + p.eps);
-        if (row_ok && tid == 0) {
+        if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) {
           p.mean[row] = shift + mean_s;
           p.rstd[row] = rstd;
         }
@@ -427,6 +481,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       }
     }
   }
+  // No block may exit while another still reads its shared memory.
+  if constexpr (CLUSTER) cluster_sync();
 }
 
 // Per row: merges the chunks' summaries (in chunk order within each lane, then a fixed
@@ -499,12 +555,14 @@ struct BwdParams {
 
 // At most 128 registers per thread (16 warps per multiprocessor): without the bound, the
 // 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+// CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sum2).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
     layer_norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][2 * Layout::kWarps];
+  __shared__ acc_t cluster_slots[CLUSTER ? 2 : 1][Layout::kRows][2];
   // Slot s > 0's dweight/dbias sums for slot 0, laid out [s - 1][2 * VEC][TPR] (consecutive
   // threads, consecutive words); one word when the block holds a single row.
   __shared__ acc_t combine[Layout::kRows > 1 ? (Layout::kRows - 1) * 2 * VEC * TPR : 1];
@@ -591,6 +649,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
           }
         }
         row_sum2<Layout::kWarps>(sum_g, sum_gx, red[parity][slot]);
+        if constexpr (CLUSTER) {
+          cluster_sum2(sum_g, sum_gx, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+        }
         parity ^= 1;
         if (p.mode == kPartial) {
           if (row_ok && tid == 0) {
@@ -679,6 +740,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
       }
     }
   }
+  // No block may exit while another still reads its shared memory.
+  if constexpr (CLUSTER) cluster_sync();
 }
 
 // Per row: sums the chunks' (sum g, sum g * xhat) in a fixed order and writes their means.
@@ -789,6 +852,22 @@ void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
+// build allow it (cluster_launch_ok); returns whether it launched.
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
+                            cudaStream_t stream) {
+  static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
+  constexpr auto kernel = layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true>;
+  constexpr int kBlock = RowLayout<TPR>::kBlock;
+  if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
+    return false;
+  }
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
   return static_cast<unsigned>(
       std::clamp<int64_t>(ceil_div(M, 128 / kWarpSize), 1, int64_t(dev.sm_count) * 16));
@@ -826,6 +905,12 @@ void run_fwd(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
       p.mode = kFull;
       launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
       return;
+    }
+    // Only the largest bucket is ever cut into chunks (each chunk is more than half of it,
+    // and the next bucket holds at most half): the only one with a cluster instantiation.
+    if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
+      p.mode = kFull;
+      if (try_launch_fwd_cluster<T, P, VEC, kTpr, kItems>(p, grid, dev, stream)) return;
     }
     p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
     p.shifted_mean = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
@@ -865,6 +950,21 @@ template <typename T, typename P, int VEC, int TPR, int ITEMS>
 void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
   launch_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The chunked backward in one launch of clusters (as try_launch_fwd_cluster).
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+bool try_launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
+                            cudaStream_t stream) {
+  static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
+  constexpr auto kernel = layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true>;
+  constexpr int kBlock = RowLayout<TPR>::kBlock;
+  if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
+    return false;
+  }
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 template <typename T, typename P>
@@ -925,9 +1025,19 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
     acc_t* dweight_part = a.dweight != nullptr ? part : nullptr;
     acc_t* dbias_part = a.dbias != nullptr ? part + (a.dweight != nullptr ? a.N : 0) : nullptr;
     p.part_stride = part_stride;
+    p.dweight_part = dweight_part;
+    p.dbias_part = dbias_part;
+    bool launched = false;
     if (split.chunks == 1) {
       p.mode = kFull;
-    } else {
+    } else if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
+      // One clustered launch where possible (see run_fwd: only the largest bucket chunks).
+      p.mode = kFull;
+      launched = try_launch_bwd_cluster<T, P, VEC, kTpr, kItems>(p, grid, dev, stream);
+    }
+    if (split.chunks > 1 && !launched) {
+      const auto param_parts = std::make_pair(p.dweight_part, p.dbias_part);
+      p.dweight_part = p.dbias_part = nullptr;  // the apply launch writes them
       p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 2 * int64_t(sizeof(acc_t))));
       acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * 2 * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
@@ -935,10 +1045,9 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
       launch_merge_sums(p, row_coef, dev, stream);
       p.row_coef = row_coef;
       p.mode = kApply;
+      std::tie(p.dweight_part, p.dbias_part) = param_parts;
     }
-    p.dweight_part = dweight_part;
-    p.dbias_part = dbias_part;
-    launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+    if (!launched) launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
     if (grads > 0) {
       // Columns [0, N) go to the first gradient present, [N, 2N) to dbias.
       P* first = a.dweight != nullptr ? a.dweight : a.dbias;

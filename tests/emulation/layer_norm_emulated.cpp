@@ -2,15 +2,18 @@
 // on the emulated GPU of emu_runtime.h and checks every output against a float64 reference
 // computed here. Reads cases from stdin, one per line:
 //
-//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
+//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
 // x and dy / of weight and bias (a misaligned view); order: asc, desc or shuffle (the order
 // the fibers of a block and the blocks run in); sm_count: the multiprocessors the launchers
-// size their grids for (default 2; each is told 2 resident blocks). Prints "ok <case>" or "FAIL <case>: why" per
-// line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned vector access,
-// out-of-bounds access) abort with a message.
+// size their grids for (default 2; each is told 2 resident blocks); clusters: let the
+// launchers use thread-block clusters for chunked rows, as on sm_90 (default: not, as
+// before sm_90). Prints "ok <case> | launches L clustered C" (the kernel launches the case
+// made, and how many of them in clusters) or "FAIL <case>: why" per line; exits 1 if any
+// failed. Emulation errors (barrier misuse, misaligned vector access, out-of-bounds access)
+// abort with a message.
 #include <cuda_runtime.h>  // the emulation's (tests/emulation/include)
 
 #include <iostream>
@@ -277,9 +280,18 @@ int main() {
     c.text = line;
     in >> c.pass >> c.t >> c.p >> c.M >> c.N >> c.affine >> c.x_misalign >> c.p_misalign >> c.order;
     const bool parsed = bool(in);
+    // Optional: a multiprocessor count, and "clusters" (sm_90's clustered launches allowed).
     int sms = 2;
-    if (parsed && !(in >> sms)) sms = 2;  // optional
+    bool clusters = false;
+    for (std::string extra; parsed && in >> extra;) {
+      if (extra == "clusters") {
+        clusters = true;
+      } else {
+        sms = std::atoi(extra.c_str());
+      }
+    }
     emu::config().sm_count = sms;
+    emu::config().clusters = clusters;
     if (!parsed || sms < 1) {
       std::cout << "FAIL " << line << ": cannot parse" << std::endl;
       ++failed;
@@ -289,10 +301,13 @@ int main() {
                           : c.order == "shuffle" ? emu::Order::kShuffled
                                                  : emu::Order::kAscending;
     std::cerr << "running " << line << std::endl;  // names the case if the emulator aborts
+    const long launches = emu::config().launches, clustered = emu::config().cluster_launches;
     const std::string why = dispatch(c);
     ++ran;
     if (why.empty()) {
-      std::cout << "ok " << line << std::endl;
+      // The launch counts show which path ran (e.g. 1 clustered launch for a chunked row).
+      std::cout << "ok " << line << " | launches " << emu::config().launches - launches
+                << " clustered " << emu::config().cluster_launches - clustered << std::endl;
     } else {
       std::cout << "FAIL " << line << ": " << why << std::endl;
       ++failed;

@@ -18,6 +18,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -44,9 +48,9 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-// Shared memory: one copy per kernel instantiation, which all the fibers of the running
-// block see (blocks run one at a time).
-#define __shared__ static
+// Shared memory: one copy per kernel instantiation and host thread, which all the fibers
+// of the block running on that thread see (a cluster's blocks run on their own threads).
+#define __shared__ static thread_local
 
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
@@ -101,8 +105,21 @@ struct Fiber {
 
 enum class Order { kAscending, kDescending, kShuffled };
 
+// The blocks of one cluster, each run by its own host thread.
+struct ClusterState {
+  int blocks = 1;
+  std::mutex mutex;
+  std::condition_variable cv;
+  int arrived = 0;
+  long generation = 0;
+  std::vector<const char*> anchors;  // per block: its host thread's TLS anchor
+};
+
 struct BlockState {
   std::vector<Fiber> fibers;
+  ClusterState* cluster = nullptr;  // null: not a cluster launch
+  int cluster_rank = 0;
+  int barrier_kind = 0;  // 1 __syncthreads, 2 cluster_sync: all threads must be at the same
   Fiber* current = nullptr;
   jmp_buf scheduler;
   std::function<void()> body;
@@ -125,8 +142,10 @@ struct Config {
   int sm_count = 2;
   int blocks_per_sm = 2;  // what the occupancy query answers
   Order order = Order::kAscending;
+  bool clusters = false;  // whether the launchers may use clustered launches
   unsigned seed = 1;
   long launches = 0;
+  long cluster_launches = 0;
 };
 
 inline Config& config() {
@@ -135,21 +154,29 @@ inline Config& config() {
 }
 
 inline BlockState& block_state() {
-  static BlockState b;
+  thread_local BlockState b;
   return b;
 }
 
 inline uint3& block_idx() {
-  static uint3 v;
+  thread_local uint3 v;
   return v;
 }
 inline dim3& grid_dim() {
-  static dim3 v;
+  thread_local dim3 v;
   return v;
 }
 inline dim3& block_dim() {
-  static dim3 v;
+  thread_local dim3 v;
   return v;
+}
+
+// A thread-local variable of the executable: its address differs between host threads by
+// the same amount as that of any other (static TLS has one layout per thread), which is how
+// map_shared_rank finds another block's copy of a __shared__ variable.
+inline const char* tls_anchor() {
+  thread_local char anchor;
+  return &anchor;
 }
 
 // Back to the scheduler; resumes here when the scheduler picks this fiber again.
@@ -167,18 +194,26 @@ inline void fiber_entry() {
   _longjmp(b.scheduler, 1);
 }
 
-// Stacks, allocated once: 128 KiB per thread with an inaccessible page below each.
+// Fiber stacks, allocated once and reused: 128 KiB per thread with an inaccessible page
+// below each; one set per block of a cluster (set = rank), allocated before the cluster's
+// host threads start (reserve_stacks), so that they only read this table.
 constexpr std::size_t kStackBytes = 128 << 10;
-inline char* stack_for(int thread) {
-  static std::vector<char*> stacks;
+inline std::vector<std::vector<char*>>& stack_sets() {
+  static std::vector<std::vector<char*>> sets;
+  return sets;
+}
+inline void reserve_stacks(int sets, int threads) {
   const std::size_t page = sysconf(_SC_PAGESIZE);
-  while (int(stacks.size()) <= thread) {
-    void* m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) fail("mmap of a fiber stack failed");
-    mprotect(m, page, PROT_NONE);
-    stacks.push_back(static_cast<char*>(m) + page);
+  auto& all = stack_sets();
+  if (int(all.size()) < sets) all.resize(sets);
+  for (int s = 0; s < sets; ++s) {
+    while (int(all[s].size()) < threads) {
+      void* m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) fail("mmap of a fiber stack failed");
+      mprotect(m, page, PROT_NONE);
+      all[s].push_back(static_cast<char*>(m) + page);
+    }
   }
-  return stacks[thread];
 }
 
 inline void run_block(dim3 block, const std::function<void()>& body) {
@@ -194,7 +229,7 @@ inline void run_block(dim3 block, const std::function<void()>& body) {
     f.linear = t;
     f.thread_idx = {unsigned(t % block.x), unsigned(t / block.x % block.y), unsigned(t / (block.x * block.y))};
     getcontext(&f.start);
-    f.start.uc_stack.ss_sp = stack_for(t);
+    f.start.uc_stack.ss_sp = stack_sets()[b.cluster_rank][t];
     f.start.uc_stack.ss_size = kStackBytes;
     f.start.uc_link = nullptr;
     makecontext(&f.start, fiber_entry, 0);
@@ -211,7 +246,7 @@ inline void run_block(dim3 block, const std::function<void()>& body) {
       Fiber& f = b.fibers[t];
       if (f.done) continue;
       b.current = &f;
-      static ucontext_t scheduler_uc;
+      thread_local ucontext_t scheduler_uc;
       if (_setjmp(b.scheduler) == 0) {
         if (!f.started) {
           f.started = true;
@@ -232,15 +267,54 @@ inline void run_block(dim3 block, const std::function<void()>& body) {
 // ---------------------------------------------------------------------------------------
 // Synchronisation
 
-inline void syncthreads() {
+// The host-thread barrier of a cluster, entered by the last thread of each block to reach
+// cluster_sync (the others are parked at it).
+inline void cluster_barrier(ClusterState& c) {
+  std::unique_lock<std::mutex> lock(c.mutex);
+  const long generation = c.generation;
+  if (++c.arrived == c.blocks) {
+    c.arrived = 0;
+    ++c.generation;
+    c.cv.notify_all();
+    return;
+  }
+  if (!c.cv.wait_for(lock, std::chrono::seconds(60), [&] { return c.generation != generation; })) {
+    fail("cluster barrier: a block of the cluster never reached cluster.sync()");
+  }
+}
+
+// kind 1: __syncthreads(); kind 2: cluster.sync() (the block's threads, then the blocks).
+inline void block_barrier(int kind) {
   BlockState& b = block_state();
   const long generation = b.barrier_generation;
   ++b.events;
+  if (b.barrier_arrived == 0) {
+    b.barrier_kind = kind;
+  } else if (b.barrier_kind != kind) {
+    fail("threads of a block wait at different barriers (__syncthreads and cluster.sync)");
+  }
   if (++b.barrier_arrived == b.threads) {
+    if (kind == 2) cluster_barrier(*b.cluster);
     b.barrier_arrived = 0;
     ++b.barrier_generation;
   }
   while (b.barrier_generation == generation) yield();
+}
+
+inline void syncthreads() { block_barrier(1); }
+
+inline void cluster_sync() {
+  if (block_state().cluster == nullptr) fail("cluster.sync() in a launch without clusters");
+  block_barrier(2);
+}
+
+template <typename V>
+const V* map_shared_rank(const V* p, int rank) {
+  BlockState& b = block_state();
+  if (b.cluster == nullptr) fail("map_shared_rank in a launch without clusters");
+  if (rank < 0 || rank >= b.cluster->blocks) fail("map_shared_rank: rank outside the cluster");
+  const char* mine = reinterpret_cast<const char*>(p);
+  return reinterpret_cast<const V*>(mine - tls_anchor() + b.cluster->anchors[rank]);
 }
 
 // All 32 lanes of the current warp meet here; they must be at the same collective op.
@@ -290,6 +364,9 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t, Args
   ++config().launches;
   // Kernel parameters are copies, as on the device.
   std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+  reserve_stacks(1, int(block.x * block.y * block.z));
+  block_state().cluster = nullptr;
+  block_state().cluster_rank = 0;
   grid_dim() = grid;
   block_dim() = block;
   // Blocks in reverse order for the descending schedule: no block may depend on another.
@@ -298,6 +375,55 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t, Args
     const long k = config().order == Order::kDescending ? blocks - 1 - i : i;
     block_idx() = {unsigned(k % grid.x), unsigned(k / grid.x % grid.y), unsigned(k / (long(grid.x) * grid.y))};
     run_block(block, [&] { std::apply(kernel, params); });
+  }
+}
+
+// A launch in clusters of `cluster` blocks: the blocks of one cluster run at the same time,
+// each on its own host thread (with its own fibers and __shared__ variables); clusters run
+// one after another.
+template <typename... Params, typename... Args>
+void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster, cudaStream_t,
+                    Args&&... args) {
+  const int size = int(cluster.x * cluster.y * cluster.z);
+  if (size < 1 || size > 8) fail("cluster size outside 1..8 (the portable limit)");
+  if (grid.x % cluster.x || grid.y % cluster.y || grid.z % cluster.z) fail("grid not a multiple of the cluster");
+  if (block.x * block.y * block.z > 1024) fail("more than 1024 threads per block");
+  ++config().launches;
+  ++config().cluster_launches;
+  std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+  reserve_stacks(size, int(block.x * block.y * block.z));
+  for (unsigned cz = 0; cz < grid.z / cluster.z; ++cz) {
+    for (unsigned cy = 0; cy < grid.y / cluster.y; ++cy) {
+      for (unsigned cx = 0; cx < grid.x / cluster.x; ++cx) {
+        ClusterState state;
+        state.blocks = size;
+        state.anchors.assign(size, nullptr);
+        std::mutex ready_mutex;
+        std::condition_variable ready_cv;
+        int ready = 0;
+        std::vector<std::thread> threads;
+        for (int r = 0; r < size; ++r) {
+          threads.emplace_back([&, r] {
+            const uint3 in = {unsigned(r % cluster.x), unsigned(r / cluster.x % cluster.y),
+                              unsigned(r / (cluster.x * cluster.y))};
+            BlockState& b = block_state();
+            b.cluster = &state;
+            b.cluster_rank = r;
+            grid_dim() = grid;
+            block_dim() = block;
+            block_idx() = {cx * cluster.x + in.x, cy * cluster.y + in.y, cz * cluster.z + in.z};
+            {  // every block's anchor is known before any block runs
+              std::unique_lock<std::mutex> lock(ready_mutex);
+              state.anchors[r] = tls_anchor();
+              if (++ready == size) ready_cv.notify_all();
+              ready_cv.wait(lock, [&] { return ready == size; });
+            }
+            run_block(block, [&] { std::apply(kernel, params); });
+          });
+        }
+        for (std::thread& t : threads) t.join();
+      }
+    }
   }
 }
 
