@@ -58,7 +58,7 @@ struct FwdVecBuckets {
 // Forward, 16-byte packs, when 1024 threads of 64 registers do not hold a large bucket
 // without spilling: float64 (its arithmetic takes register pairs) and float parameters
 // beside 16-bit inputs (16 bytes of weight and bias per 8 elements). The same capacity,
-// with at most 512 threads per row and up to 128 registers (kFwdThreadsPerSm).
+// with at most 512 threads per row and up to 128 registers (kFwdMinBlocks).
 struct FwdVecBucketsWide {
   static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
                                      {256, 4}, {512, 4}, {512, 8}, {512, 16}};
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           // One branch per affine case, each loading what it uses: parameter packs that
           // might be unset were unpacked element by element into separate registers.
           // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
-          // that at most 8 parameter registers are live (16 spilled the 8-item buckets).
+          // that fewer parameter registers are live at once (8 instead of 16 per pack).
           constexpr int kSub = std::min<int>(VEC, 16 / int(sizeof(P)));
           Pack<T, VEC> out;
 #pragma unroll
