@@ -9,7 +9,8 @@
 #   bash scripts/gpu_check.sh [OUT_DIR]      default: $OUT if set, else gpu_check_results/
 #   PHASES="build tests"  bash scripts/gpu_check.sh     a subset (build tests sanitize bench)
 #   BENCH_ARGS="--quick"  bash scripts/gpu_check.sh     options for python -m benchmarks
-#   PYTEST_ARGS="-k cuda" bash scripts/gpu_check.sh     options for the test phase's pytest
+#   PYTEST_K="cuda and not slow" bash scripts/gpu_check.sh   a -k filter for the test phase
+#   PYTEST_ARGS="-x"      bash scripts/gpu_check.sh     more options for its pytest
 #
 # In OUT_DIR: build.log, tests.log + tests.xml (JUnit), sanitize.log, bench.log with the
 # benchmark results in bench/, build_info.json, nvidia-smi.txt, summary.md. Exits non-zero
@@ -80,9 +81,10 @@ if wants tests; then
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of options
   FUSEDNORM_REQUIRE_SASS=1 FUSEDNORM_REQUIRE_EMULATION=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
-    ${PYTEST_ARGS:-} > "$OUT_DIR/tests.log" 2>&1
+    ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} > "$OUT_DIR/tests.log" 2>&1
   code=$?
-  phase_result tests $code $((SECONDS - start)) "$(tail -n 1 "$OUT_DIR/tests.log")"
+  phase_result tests $code $((SECONDS - start)) \
+    "$(grep -E 'passed|failed|error|no tests ran' "$OUT_DIR/tests.log" | tail -n 1)"
 fi
 
 if wants sanitize; then
