@@ -4,7 +4,8 @@ Knobs (environment variables):
   FUSEDNORM_CPU_ONLY=1            skip the CUDA sources even when they could be built
   FUSEDNORM_CPU_CAPABILITY=...    'avx512', 'avx2' or 'default': the SIMD level of the CPU
                                   kernels; by default the best one the building CPU has
-  TORCH_CUDA_ARCH_LIST="9.0"      CUDA archs; defaults to the visible GPUs, or 9.0 without one
+  TORCH_CUDA_ARCH_LIST="9.0"      CUDA archs; defaults to the visible GPUs, or without one to the
+                                  archs torch was built for (+PTX for the newest)
   CUDA_HOME=/usr/local/cuda       toolkit root; found from nvcc when unset
   MAX_JOBS=N                      parallel compile jobs (ninja)
   FUSEDNORM_DEBUG=1               -O0 -g, for debuggers and sanitizers
@@ -12,6 +13,7 @@ Knobs (environment variables):
 import glob
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -131,15 +133,53 @@ def _cublaslt_link_args(lib_dirs):
     return ["-lcublasLt"]
 
 
+def _torch_build_archs():
+    """The archs torch itself was compiled for, as TORCH_CUDA_ARCH_LIST entries ("sm_90a" ->
+    "9.0a"), oldest first. Read from torch._C directly: some torch versions return [] from
+    torch.cuda.get_arch_list() when no GPU is visible."""
+    flags = getattr(torch._C, "_cuda_getArchFlags", lambda: None)()
+    names = flags.split() if flags else torch.cuda.get_arch_list()
+    archs = []
+    for name in names:
+        if not name.startswith("sm_"):
+            continue  # compute_XY: PTX only; the newest gets PTX below anyway
+        digits, suffix = name[3:].rstrip("af"), name[3:][len(name[3:].rstrip("af")):]
+        if digits.isdigit() and len(digits) >= 2:
+            archs.append((int(digits[:-1]), int(digits[-1]), suffix))
+    return [f"{major}.{minor}{suffix}" for major, minor, suffix in sorted(set(archs))]
+
+
+def _nvcc_archs():
+    """The sm_XY numbers (as "X.Y") this nvcc can compile for, or None if it cannot say."""
+    nvcc = os.path.join(CUDA_HOME or "", "bin", "nvcc")
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {f"{n[3:-1]}.{n[-1]}" for n in out.split() if n.startswith("sm_") and n[3:].isdigit()}
+
+
 def _default_arch_list():
-    """TORCH_CUDA_ARCH_LIST as given, else the visible GPUs' archs, else 9.0 (no GPU: CI
-    still compiles every .cu file for Hopper)."""
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        archs = {
+    """TORCH_CUDA_ARCH_LIST as given; else the visible GPUs' archs; else (no GPU, e.g. a
+    build machine) the archs torch was built for, with PTX for the newest so that a newer GPU
+    can still JIT it. CI sets TORCH_CUDA_ARCH_LIST=9.0 to compile one arch only."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        archs = sorted({
             "{}.{}".format(*torch.cuda.get_device_capability(i))
             for i in range(torch.cuda.device_count())
-        } if torch.cuda.is_available() else {"9.0"}
-        os.environ["TORCH_CUDA_ARCH_LIST"] = " ".join(sorted(archs))
+        })
+    else:
+        archs = _torch_build_archs()
+        supported = _nvcc_archs()
+        if supported is not None:
+            archs = [a for a in archs if a.rstrip("af") in supported]
+        if not archs:
+            archs = ["9.0"]
+        archs[-1] += "+PTX"
+    print(f"fusednorm: TORCH_CUDA_ARCH_LIST={' '.join(archs)!r} (set it to choose)", file=sys.stderr)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = " ".join(archs)
 
 
 def make_extension():

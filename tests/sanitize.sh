@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA kernels under NVIDIA compute-sanitizer: runs the tests marked `sanitize` (one
-# shape per kernel path, see tests/test_layer_norm_cuda.py) under each tool and fails on the
-# first error the tool reports.
+# shape per kernel path, see tests/test_layer_norm_cuda.py and the clustered long rows of
+# tests/test_layer_norm_cuda_long_rows.py) under each tool and fails on the first error the
+# tool reports.
 #
 #   bash tests/sanitize.sh                  memcheck, then racecheck
 #   TOOLS="memcheck racecheck initcheck synccheck" bash tests/sanitize.sh
@@ -9,9 +10,10 @@
 #
 # memcheck: out-of-bounds and misaligned global/shared accesses. PyTorch's caching allocator
 # is switched off so that every tensor is its own allocation and reading past one is caught.
-# racecheck: shared-memory hazards (missing barriers). Needs a GPU and fusednorm built with
-# its CUDA kernels (for line numbers in reports, build with FUSEDNORM_DEBUG=1 or keep the
-# default -lineinfo). SANITIZER_ARGS adds options, e.g. a kernel-name filter.
+# racecheck: shared-memory hazards (missing barriers). synccheck: invalid barrier use
+# (TOOLS="memcheck racecheck synccheck", as scripts/gpu_check.sh runs). Needs a GPU and
+# fusednorm built with its CUDA kernels (for line numbers in reports, build with
+# FUSEDNORM_DEBUG=1 or keep the default -lineinfo). SANITIZER_ARGS adds options, e.g. a kernel-name filter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +37,8 @@ for tool in ${TOOLS:-memcheck racecheck}; do
   # shellcheck disable=SC2086  # SANITIZER_ARGS is a list of options
   if ! PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool "$tool" --error-exitcode 97 \
       ${SANITIZER_ARGS:-} \
-      "$PYTHON" -m pytest -q -p no:cacheprovider -m sanitize tests/test_layer_norm_cuda.py "$@"; then
+      "$PYTHON" -m pytest -q -p no:cacheprovider -m sanitize tests/test_layer_norm_cuda.py \
+      tests/test_layer_norm_cuda_long_rows.py "$@"; then
     echo "== $tool: FAILED" >&2
     status=1
   fi

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "common/welford.h"
 
@@ -26,12 +27,42 @@ struct alignas(VEC * sizeof(T) >= 16 ? 16 : VEC * sizeof(T)) Pack {
 
 template <int VEC, typename T>
 __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::check_aligned(p, alignof(Pack<T, VEC>));  // a GPU faults on a misaligned access
+#endif
   return *reinterpret_cast<const Pack<T, VEC>*>(p);
 }
 
+// One 16-byte global store, as an explicit instruction: assigning a pack of
+// c10::Half/BFloat16 (or a uint4 copied from one) let the compiler split the store into 2-
+// or 4-byte stores, and __stwb's vector store is a strong (ordered) one. No "memory"
+// clobber, so that the compiler may still issue later loads (the next packs' parameters)
+// before it: nothing reads these outputs back in the same kernel.
+__device__ __forceinline__ void store_global_16b(void* p, const uint4& v) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::check_aligned(p, 16);
+  *reinterpret_cast<uint4*>(p) = v;
+#else
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w));
+#endif
+}
+
+// Packs of 16 bytes or a multiple go out as 16-byte stores; narrower ones (VEC = 1) as one T.
 template <int VEC, typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+  if constexpr (sizeof(Pack<T, VEC>) % 16 == 0) {
+    const uint4* words = reinterpret_cast<const uint4*>(&pack);
+#pragma unroll
+    for (int w = 0; w < int(sizeof(Pack<T, VEC>) / 16); ++w) {
+      store_global_16b(reinterpret_cast<uint4*>(p) + w, words[w]);
+    }
+  } else {
+#ifdef FUSEDNORM_EMULATION
+    ::emu::check_aligned(p, alignof(Pack<T, VEC>));
+#endif
+    *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+  }
 }
 
 // Element to accumulator. The 16-bit types convert from their bits, which keeps a pack in
@@ -116,6 +147,19 @@ __device__ __forceinline__ WelfordState<acc_t> warp_merge(WelfordState<acc_t> s)
     s = left ? chan_merge(s, other) : chan_merge(other, s);
   }
   return s;
+}
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...). The launchers go through it so that
+// tests/emulation can compile them as host C++ and run the kernels on its emulated blocks
+// (FUSEDNORM_EMULATION, defined only there).
+template <typename... Params, typename... Args>
+inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          Args&&... args) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::launch(kernel, grid, block, stream, std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+#endif
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -10,9 +10,12 @@
 // 128 threads per row takes 128 / TPR rows side by side. Blocks stride over row groups
 // (grid.x) and chunks (grid.y), so no grid limit binds and offsets are int64.
 //
-// Rows that do not fit one kernel's registers are split into chunks: a first launch writes
-// per-chunk partial results (Welford summaries; backward sums), a small kernel merges each
-// row's chunks in a fixed order, and a second launch of the same kernel applies them.
+// Rows that do not fit one kernel's registers are split into chunks. On sm_90 and newer, up
+// to 8 chunks are held by the blocks of a thread-block cluster (the CLUSTER instantiations),
+// which exchange their chunks' statistics through distributed shared memory: the row is
+// still read once. Elsewhere (and for more chunks) a first launch writes per-chunk partial
+// results (Welford summaries; backward sums), a small kernel merges each row's chunks in a
+// fixed order, and a second launch of the same kernel applies them.
 //
 // Inputs whose pointers are not 16-byte aligned or whose N is not a multiple of the pack
 // width take the same kernels with one-element packs (VEC = 1).
@@ -25,10 +28,12 @@
 #include <climits>
 #include <cstdint>
 #include <iterator>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "common/welford.h"
+#include "cuda/cluster.cuh"
 #include "cuda/device_utils.cuh"
 #include "cuda/layer_norm_launch.h"
 
@@ -50,9 +55,20 @@ struct FwdVecBuckets {
   static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
                                      {256, 4}, {512, 4}, {512, 8}, {1024, 8}};
 };
+// Forward, 16-byte packs, when 1024 threads of 64 registers do not hold a large bucket
+// without spilling: float64 (its arithmetic takes register pairs) and float parameters
+// beside 16-bit inputs (16 bytes of weight and bias per 8 elements). The same capacity,
+// with at most 512 threads per row and up to 128 registers (kFwdMinBlocks).
+struct FwdVecBucketsWide {
+  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
+                                     {256, 4}, {512, 4}, {512, 8}, {512, 16}};
+};
 // Forward, one element per pack (misaligned data or N not a multiple of the pack width).
 struct FwdScalarBuckets {
   static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {1024, 8}};
+};
+struct FwdScalarBucketsWide {
+  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 16}};
 };
 // Backward, 16-byte packs. A thread holds x and dy packs and fp32 dweight/dbias sums for
 // its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so a
@@ -216,6 +232,49 @@ __device__ __forceinline__ void row_sum2(acc_t& a, acc_t& b, acc_t* red) {
   }
 }
 
+// The row's summary over the blocks of a cluster (each holds one chunk), merged in block-rank
+// order: the same bits in every thread of every block. slot: this block's 3 words for the
+// row, in a buffer that no block has read since the previous cluster barrier (the callers
+// alternate two, and every block passes a cluster barrier per row).
+template <typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> cluster_merge(const WelfordState<acc_t>& s,
+                                                             acc_t* slot, bool writer,
+                                                             int blocks) {
+  if (writer) {
+    slot[0] = s.mean;
+    slot[1] = s.m2;
+    slot[2] = s.count;
+  }
+  cluster_sync();
+  WelfordState<acc_t> total;
+  for (int r = 0; r < blocks; ++r) {
+    const acc_t* peer = cluster_peer(slot, r);
+    WelfordState<acc_t> t;
+    t.mean = peer[0];
+    t.m2 = peer[1];
+    t.count = peer[2];
+    total = chan_merge(total, t);
+  }
+  return total;
+}
+
+// Sums of a and b over the blocks of a cluster, in block-rank order (as cluster_merge).
+template <typename acc_t>
+__device__ __forceinline__ void cluster_sum2(acc_t& a, acc_t& b, acc_t* slot, bool writer,
+                                             int blocks) {
+  if (writer) {
+    slot[0] = a;
+    slot[1] = b;
+  }
+  cluster_sync();
+  a = b = acc_t(0);
+  for (int r = 0; r < blocks; ++r) {
+    const acc_t* peer = cluster_peer(slot, r);
+    a += peer[0];
+    b += peer[1];
+  }
+}
+
 // What a launch of the row kernels does with its chunk of each row.
 enum RowMode : int {
   kFull = 0,     // whole rows: statistics/sums in the block, then the output
@@ -225,6 +284,23 @@ enum RowMode : int {
 
 // ---------------------------------------------------------------------------------------
 // Forward
+
+// The inputs for which the forward uses the Wide bucket tables.
+template <typename T, typename P>
+constexpr bool kWideFwd = sizeof(T) == 8 || sizeof(P) > sizeof(T);
+
+// Threads per multiprocessor a forward kernel is compiled to keep resident (launch bounds):
+// 1024 (64 registers a thread), or 512 (128 registers) for float64 and for the buckets of
+// 8 or more packs with float parameters beside 16-bit inputs, which spilled at 64.
+template <typename T, typename P, int TPR, int ITEMS>
+constexpr int kFwdMinBlocks =
+    std::max(1, (sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024) /
+                    RowLayout<TPR>::kBlock);
+
+// Whether a forward bucket holds its weight and bias packs in registers across rows: when
+// they take at most 8 registers each (the buckets of up to 2 packs per thread).
+template <typename P, int VEC, int ITEMS>
+constexpr bool kHoistFwdParams = ITEMS * VEC * sizeof(P) <= 32;
 
 template <typename T, typename P>
 struct FwdParams {
@@ -248,23 +324,41 @@ struct FwdParams {
 // mean = shift + mean(x - shift), y = (x - shift - mean(x - shift)) * rstd * w + b.
 // At most 64 registers per thread, so that 1024 threads per multiprocessor stay resident
 // whatever the bucket (the largest hold 32 registers of packs): several rows in flight per
-// multiprocessor let one row's loads overlap another's reductions.
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>::kBlock)
+// multiprocessor let one row's loads overlap another's reductions. The exceptions, at 128
+// registers and 512 threads: kFwdMinBlocks.
+// CLUSTER: launched in clusters of p.chunks blocks along y (grid.y == p.chunks), mode kFull:
+// block y holds chunk y of each row, and the blocks merge their statistics (cluster_merge).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
     layer_norm_fwd_kernel(const FwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
+  __shared__ acc_t cluster_slots[CLUSTER ? 2 : 1][Layout::kRows][3];
 
   const int tid = threadIdx.x % TPR;
   const int slot = threadIdx.x / TPR;
   const int64_t groups = ceil_div(p.M, Layout::kRows);
+  constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
     const int64_t col0 = c * p.chunk;
     // Elements of this chunk (at most one bucket's capacity, so offsets in it fit an int).
     const int len = static_cast<int>(std::min(p.chunk, p.N - col0));
+    // Small buckets keep their parameter packs in registers for all the block's rows
+    // (loaded once, not after each row's reduction: a cache round trip per row).
+    Pack<P, VEC> w_hoisted[kHoistParams ? ITEMS : 1], b_hoisted[kHoistParams ? ITEMS : 1];
+    if constexpr (kHoistParams) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        if (off < len && p.mode != kPartial) {
+          if (p.weight != nullptr) w_hoisted[i] = load_pack<VEC>(p.weight + col0 + off);
+          if (p.bias != nullptr) b_hoisted[i] = load_pack<VEC>(p.bias + col0 + off);
+        }
+      }
+    }
     for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
       const int64_t row = g * Layout::kRows + slot;
       const bool row_ok = row < p.M;
@@ -307,8 +401,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>:
             }
           }
         }
-        const WelfordState<acc_t> s = row_merge<Layout::kWarps>(
+        WelfordState<acc_t> s = row_merge<Layout::kWarps>(
             merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), red[parity][slot]);
+        if constexpr (CLUSTER) {
+          s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+        }
         parity ^= 1;
         if (p.mode == kPartial) {
           if (row_ok && tid == 0) {
@@ -321,7 +418,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>:
         }
         mean_s = s.mean;
         rstd = inverse_sqrt(s.variance() + p.eps);
-        if (row_ok && tid == 0) {
+        if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) {
           p.mean[row] = shift + mean_s;
           p.rstd[row] = rstd;
         }
@@ -337,31 +434,55 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, 1024 / RowLayout<TPR>:
           const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - shift - mean_s) * rstd; };
           // One branch per affine case, each loading what it uses: parameter packs that
           // might be unset were unpacked element by element into separate registers.
+          // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
+          // that fewer parameter registers are live at once (8 instead of 16 per pack).
+          constexpr int kSub = std::min<int>(VEC, 16 / int(sizeof(P)));
           Pack<T, VEC> out;
-          if (p.weight != nullptr && p.bias != nullptr) {
-            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
-            const Pack<P, VEC> b = load_pack<VEC>(p.bias + col0 + off);
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              out.v[e] = static_cast<T>(fma_acc(xhat(e), to_acc(w.v[e]), to_acc(b.v[e])));
+          for (int h = 0; h < VEC / kSub; ++h) {
+            const int64_t at = col0 + off + h * kSub;
+            const auto param = [&](const P* base, const Pack<P, VEC>& hoisted) {
+              Pack<P, kSub> sub;
+              if constexpr (kHoistParams) {
+#pragma unroll
+                for (int e = 0; e < kSub; ++e) sub.v[e] = hoisted.v[h * kSub + e];
+              } else {
+                sub = load_pack<kSub>(base + at);
+              }
+              return sub;
+            };
+            if (p.weight != nullptr && p.bias != nullptr) {
+              const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
+              const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) {
+                out.v[h * kSub + e] =
+                    static_cast<T>(fma_acc(xhat(h * kSub + e), to_acc(w.v[e]), to_acc(b.v[e])));
+              }
+            } else if (p.weight != nullptr) {
+              const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) {
+                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) * to_acc(w.v[e]));
+              }
+            } else if (p.bias != nullptr) {
+              const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) {
+                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) + to_acc(b.v[e]));
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e));
             }
-          } else if (p.weight != nullptr) {
-            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e) * to_acc(w.v[e]));
-          } else if (p.bias != nullptr) {
-            const Pack<P, VEC> b = load_pack<VEC>(p.bias + col0 + off);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e) + to_acc(b.v[e]));
-          } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(xhat(e));
           }
           store_pack<VEC>(p.y + (row_start + col0) + off, out);
         }
       }
     }
   }
+  // No block may exit while another still reads its shared memory.
+  if constexpr (CLUSTER) cluster_sync();
 }
 
 // Per row: merges the chunks' summaries (in chunk order within each lane, then a fixed
@@ -405,7 +526,11 @@ __global__ void __launch_bounds__(128)
 //
 // Each thread keeps fp32 sums of dy * xhat and dy for its own columns over all the rows its
 // block handles; at the end the block's row slots are added in slot order and the block
-// writes one row of partials [grid.x, N], which a last kernel sums over in row order.
+// writes one row of partials (dweight and dbias side by side), which one last kernel sums
+// over in row order.
+
+template <int TPR>
+constexpr int kBwdMinBlocks = RowLayout<TPR>::kBlock >= 512 ? 1 : 512 / RowLayout<TPR>::kBlock;
 
 template <typename T, typename P>
 struct BwdParams {
@@ -416,8 +541,11 @@ struct BwdParams {
   const acc_t* rstd;
   const P* weight;  // nullable
   T* dx;
-  acc_t* dweight_part;  // nullable: [grid.x, N]
-  acc_t* dbias_part;    // nullable: [grid.x, N]
+  // Parameter-gradient partials: one row per block of grid.x, rows part_stride apart in one
+  // buffer (dweight's N columns, then dbias's), so that one launch sums both.
+  acc_t* dweight_part;  // nullable
+  acc_t* dbias_part;    // nullable
+  int64_t part_stride;
   acc_t* row_part;      // kPartial: [M, chunks, 2] sums of g and g * xhat
   const acc_t* row_coef;  // kApply: [M, 2] mean(g) and mean(g * xhat)
   int64_t M, N;
@@ -425,12 +553,16 @@ struct BwdParams {
   int mode;
 };
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
+// At most 128 registers per thread (16 warps per multiprocessor): without the bound, the
+// 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
+// CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sum2).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
     layer_norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][2 * Layout::kWarps];
+  __shared__ acc_t cluster_slots[CLUSTER ? 2 : 1][Layout::kRows][2];
   // Slot s > 0's dweight/dbias sums for slot 0, laid out [s - 1][2 * VEC][TPR] (consecutive
   // threads, consecutive words); one word when the block holds a single row.
   __shared__ acc_t combine[Layout::kRows > 1 ? (Layout::kRows - 1) * 2 * VEC * TPR : 1];
@@ -452,6 +584,24 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) dw[i][e] = db[i][e] = 0;
     }
+    // Small buckets keep the weight packs in registers for all the block's rows (as the
+    // forward); the others load them per row, where both passes over the row use them.
+    constexpr bool kHoistWeight = kHoistFwdParams<P, VEC, ITEMS>;
+    Pack<P, VEC> w_hoisted[kHoistWeight ? ITEMS : 1];
+    if constexpr (kHoistWeight) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        if (off < len && p.weight != nullptr) w_hoisted[i] = load_pack<VEC>(p.weight + col0 + off);
+      }
+    }
+    const auto weight_pack = [&](int i, int off) {
+      if constexpr (kHoistWeight) {
+        return w_hoisted[i];
+      } else {
+        return load_pack<VEC>(p.weight + col0 + off);
+      }
+    };
 
     for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
       const int64_t row = g * Layout::kRows + slot;
@@ -491,7 +641,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
               }
             };
             if (p.weight != nullptr) {
-              const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + (i * TPR + tid) * VEC);
+              const Pack<P, VEC> w = weight_pack(i, (i * TPR + tid) * VEC);
               add([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
             } else {
               add([](int, acc_t d) { return d; });
@@ -499,6 +649,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
           }
         }
         row_sum2<Layout::kWarps>(sum_g, sum_gx, red[parity][slot]);
+        if constexpr (CLUSTER) {
+          cluster_sum2(sum_g, sum_gx, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+        }
         parity ^= 1;
         if (p.mode == kPartial) {
           if (row_ok && tid == 0) {
@@ -531,7 +684,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
             }
           };
           if (p.weight != nullptr) {
-            const Pack<P, VEC> w = load_pack<VEC>(p.weight + col0 + off);
+            const Pack<P, VEC> w = weight_pack(i, off);
             apply([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
           } else {
             apply([](int, acc_t d) { return d; });
@@ -569,7 +722,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
         }
       }
       if (slot == 0) {
-        const int64_t part_base = int64_t(blockIdx.x) * p.N + col0;
+        const int64_t part_base = int64_t(blockIdx.x) * p.part_stride + col0;
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
           const int off = (i * TPR + tid) * VEC;
@@ -587,6 +740,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock)
       }
     }
   }
+  // No block may exit while another still reads its shared memory.
+  if constexpr (CLUSTER) cluster_sync();
 }
 
 // Per row: sums the chunks' (sum g, sum g * xhat) in a fixed order and writes their means.
@@ -613,29 +768,41 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-// out[j] = sum over r of part[r, j], r in a fixed order (32 strided partial sums, then
-// those in order), rounded once to P. Blocks of 32 columns x 32 partial sums.
+// The parameter gradients from the backward's partial rows: column j of part ([rows,
+// width], width = N for one gradient, 2N for dweight then dbias) summed over the rows into
+// out0[j] (j < N) or out1[j - N], rounded once to P. One launch for both gradients. A block
+// of 256 threads takes `cols` adjacent columns (32, 16 or 8: the launcher picks the widest
+// that still gives every multiprocessor a block) with 256 / cols row lanes; lane r sums rows
+// r, r + lanes, ... in order, then lane 0 adds the lanes' sums in lane order: a fixed order
+// for a given device and shape, so the result is bitwise reproducible.
+constexpr int kSumThreads = 256;
+
 template <typename acc_t, typename P>
-__global__ void __launch_bounds__(1024)
-    sum_partial_rows_kernel(const acc_t* part, int64_t rows, int64_t N, P* out) {
-  __shared__ acc_t tile[kWarpSize][kWarpSize + 1];
-  const int tx = threadIdx.x % kWarpSize;
-  const int ty = threadIdx.x / kWarpSize;
-  for (int64_t col0 = int64_t(blockIdx.x) * kWarpSize; col0 < N;
-       col0 += int64_t(gridDim.x) * kWarpSize) {
+__global__ void __launch_bounds__(kSumThreads)
+    sum_partial_rows_kernel(const acc_t* part, int64_t rows, int64_t width, int64_t N, int cols,
+                            P* out0, P* out1) {
+  __shared__ acc_t lanes_sum[kSumThreads];
+  const int tx = threadIdx.x % cols;
+  const int lane = threadIdx.x / cols;
+  const int lanes = kSumThreads / cols;
+  for (int64_t col0 = int64_t(blockIdx.x) * cols; col0 < width;
+       col0 += int64_t(gridDim.x) * cols) {
     const int64_t col = col0 + tx;
     acc_t sum = 0;
-    if (col < N) {
+    if (col < width) {
 #pragma unroll 4
-      for (int64_t r = ty; r < rows; r += kWarpSize) sum += part[r * N + col];
+      for (int64_t r = lane; r < rows; r += lanes) sum += part[r * width + col];
     }
-    tile[ty][tx] = sum;
+    lanes_sum[threadIdx.x] = sum;
     __syncthreads();
-    if (ty == 0 && col < N) {
+    if (lane == 0 && col < width) {
       acc_t total = 0;
-#pragma unroll
-      for (int k = 0; k < kWarpSize; ++k) total += tile[k][tx];
-      out[col] = static_cast<P>(total);
+      for (int l = 0; l < lanes; ++l) total += lanes_sum[l * cols + tx];
+      if (col < N) {
+        out0[col] = static_cast<P>(total);
+      } else {
+        out1[col - N] = static_cast<P>(total);
+      }
     }
     __syncthreads();
   }
@@ -681,8 +848,24 @@ dim3 fwd_grid(const FwdParams<T, P>& p, DeviceInfo dev) {
 
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
 void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS><<<grid, RowLayout<TPR>::kBlock, 0, stream>>>(p);
+  launch_kernel(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
+// build allow it (cluster_launch_ok); returns whether it launched.
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
+                            cudaStream_t stream) {
+  static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
+  constexpr auto kernel = layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true>;
+  constexpr int kBlock = RowLayout<TPR>::kBlock;
+  if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
+    return false;
+  }
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
@@ -692,7 +875,7 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
 
 template <typename T, typename P>
 void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
-  layer_norm_merge_stats_kernel<T><<<warp_per_row_grid(p.M, dev), 128, 0, stream>>>(
+  launch_kernel(layer_norm_merge_stats_kernel<T>, warp_per_row_grid(p.M, dev), 128, stream,
       p.partial, p.x, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd, p.shifted_mean);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -723,6 +906,12 @@ void run_fwd(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
       launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
       return;
     }
+    // Only the largest bucket is ever cut into chunks (each chunk is more than half of it,
+    // and the next bucket holds at most half): the only one with a cluster instantiation.
+    if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
+      p.mode = kFull;
+      if (try_launch_fwd_cluster<T, P, VEC, kTpr, kItems>(p, grid, dev, stream)) return;
+    }
     p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
     p.shifted_mean = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
     p.mode = kPartial;
@@ -740,9 +929,11 @@ void layer_norm_fwd_impl(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceI
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
                           is_16b_aligned(a.weight) && is_16b_aligned(a.bias);
   if (vectorized) {
-    run_fwd<T, P, kVec<T>, FwdVecBuckets>(a, ws, dev, stream);
+    run_fwd<T, P, kVec<T>, std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>>(
+        a, ws, dev, stream);
   } else {
-    run_fwd<T, P, 1, FwdScalarBuckets>(a, ws, dev, stream);
+    run_fwd<T, P, 1, std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>>(
+        a, ws, dev, stream);
   }
 }
 
@@ -757,24 +948,51 @@ dim3 bwd_grid(const BwdParams<T, P>& p, DeviceInfo dev) {
 
 template <typename T, typename P, int VEC, int TPR, int ITEMS>
 void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS><<<grid, RowLayout<TPR>::kBlock, 0, stream>>>(p);
+  launch_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The chunked backward in one launch of clusters (as try_launch_fwd_cluster).
+template <typename T, typename P, int VEC, int TPR, int ITEMS>
+bool try_launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
+                            cudaStream_t stream) {
+  static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
+  constexpr auto kernel = layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true>;
+  constexpr int kBlock = RowLayout<TPR>::kBlock;
+  if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
+    return false;
+  }
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 template <typename T, typename P>
 void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
                        cudaStream_t stream) {
-  layer_norm_merge_sums_kernel<acc_type_t<T>><<<warp_per_row_grid(p.M, dev), 128, 0, stream>>>(
+  launch_kernel(layer_norm_merge_sums_kernel<acc_type_t<T>>, warp_per_row_grid(p.M, dev), 128,
+                stream,
       p.row_part, p.M, p.N, p.chunks, row_coef);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Columns per block of sum_partial_rows_kernel: the widest of 32, 16, 8 that still makes a
+// block per multiprocessor (32 columns of 1024 gave 64 blocks for N = 1024).
+int sum_partial_cols(int64_t width, DeviceInfo dev) {
+  for (int cols : {32, 16}) {
+    if (ceil_div(width, cols) >= dev.sm_count) return cols;
+  }
+  return 8;
+}
+
 template <typename acc_t, typename P>
-void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t N, P* out, DeviceInfo dev,
-                             cudaStream_t stream) {
+void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int64_t N, P* out0,
+                             P* out1, DeviceInfo dev, cudaStream_t stream) {
+  const int cols = sum_partial_cols(width, dev);
   const auto blocks = static_cast<unsigned>(
-      std::clamp<int64_t>(ceil_div(N, kWarpSize), 1, int64_t(dev.sm_count) * 2));
-  sum_partial_rows_kernel<acc_t, P><<<blocks, kWarpSize * kWarpSize, 0, stream>>>(part, rows, N, out);
+      std::clamp<int64_t>(ceil_div(width, cols), 1, int64_t(dev.sm_count) * 8));
+  launch_kernel(sum_partial_rows_kernel<acc_t, P>, blocks, kSumThreads, stream, part, rows, width,
+                N, cols, out0, out1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -798,12 +1016,28 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
     const dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems>(p, dev);
-    const int64_t part_bytes = int64_t(grid.x) * a.N * int64_t(sizeof(acc_t));
-    acc_t* dweight_part = a.dweight != nullptr ? static_cast<acc_t*>(ws.allocate(part_bytes)) : nullptr;
-    acc_t* dbias_part = a.dbias != nullptr ? static_cast<acc_t*>(ws.allocate(part_bytes)) : nullptr;
+    // One partial row per block ([grid.x, grads * N]: dweight's columns, then dbias's).
+    const int grads = int(a.dweight != nullptr) + int(a.dbias != nullptr);
+    const int64_t part_stride = grads * a.N;
+    acc_t* part = grads > 0 ? static_cast<acc_t*>(ws.allocate(int64_t(grid.x) * part_stride *
+                                                               int64_t(sizeof(acc_t))))
+                            : nullptr;
+    acc_t* dweight_part = a.dweight != nullptr ? part : nullptr;
+    acc_t* dbias_part = a.dbias != nullptr ? part + (a.dweight != nullptr ? a.N : 0) : nullptr;
+    p.part_stride = part_stride;
+    p.dweight_part = dweight_part;
+    p.dbias_part = dbias_part;
+    bool launched = false;
     if (split.chunks == 1) {
       p.mode = kFull;
-    } else {
+    } else if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
+      // One clustered launch where possible (see run_fwd: only the largest bucket chunks).
+      p.mode = kFull;
+      launched = try_launch_bwd_cluster<T, P, VEC, kTpr, kItems>(p, grid, dev, stream);
+    }
+    if (split.chunks > 1 && !launched) {
+      const auto param_parts = std::make_pair(p.dweight_part, p.dbias_part);
+      p.dweight_part = p.dbias_part = nullptr;  // the apply launch writes them
       p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 2 * int64_t(sizeof(acc_t))));
       acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * 2 * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
@@ -811,12 +1045,14 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
       launch_merge_sums(p, row_coef, dev, stream);
       p.row_coef = row_coef;
       p.mode = kApply;
+      std::tie(p.dweight_part, p.dbias_part) = param_parts;
     }
-    p.dweight_part = dweight_part;
-    p.dbias_part = dbias_part;
-    launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
-    if (dweight_part != nullptr) launch_sum_partial_rows(dweight_part, grid.x, a.N, a.dweight, dev, stream);
-    if (dbias_part != nullptr) launch_sum_partial_rows(dbias_part, grid.x, a.N, a.dbias, dev, stream);
+    if (!launched) launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+    if (grads > 0) {
+      // Columns [0, N) go to the first gradient present, [N, 2N) to dbias.
+      P* first = a.dweight != nullptr ? a.dweight : a.dbias;
+      launch_sum_partial_rows(part, grid.x, part_stride, a.N, first, a.dbias, dev, stream);
+    }
   });
 }
 

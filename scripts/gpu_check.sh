@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Everything a GPU machine has to confirm, in one command (aim: under 20 minutes on one
+# H100 with 16 cores): builds fusednorm in place for the visible GPU with all cores, then
+# runs the test suite (the CUDA cases run instead of skipping), tests/sanitize.sh
+# (memcheck, racecheck, synccheck) and every benchmark suite, writes the results under the
+# output folder and prints a short summary. Needs no package index: torch, setuptools,
+# ninja and pytest (+ hypothesis) must already be installed in $PYTHON's environment.
+#
+#   bash scripts/gpu_check.sh [OUT_DIR]      default: $OUT if set, else gpu_check_results/
+#   PHASES="build tests"  bash scripts/gpu_check.sh     a subset (build tests sanitize bench)
+#   BENCH_ARGS="--quick"  bash scripts/gpu_check.sh     options for python -m benchmarks
+#   PYTEST_K="cuda and not slow" bash scripts/gpu_check.sh   a -k filter for the test phase
+#   PYTEST_ARGS="-x"      bash scripts/gpu_check.sh     more options for its pytest
+#
+# In OUT_DIR: build.log, tests.log + tests.xml (JUnit), sanitize.log, bench.log with the
+# benchmark results in bench/, build_info.json, nvidia-smi.txt, summary.md. Exits non-zero
+# if any phase failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+OUT_DIR=${1:-${OUT:-$REPO/gpu_check_results}}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+PYTHON=${PYTHON:-python3}
+PHASES=${PHASES:-build tests sanitize bench}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PATH="$CUDA_HOME/bin:$PATH"
+SUMMARY="$OUT_DIR/summary.md"
+status=0
+
+log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
+phase_result() {  # name, exit code, seconds, detail
+  local verdict=passed
+  [[ $2 -ne 0 ]] && verdict="FAILED (exit $2)" && status=1
+  printf '| %s | %s | %ss | %s |\n' "$1" "$verdict" "$3" "$4" >> "$SUMMARY"
+  log "$1: $verdict in $3 s ${4:+($4)}"
+}
+wants() { [[ " $PHASES " == *" $1 "* ]]; }
+
+{
+  echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo
+  echo "| phase | result | time | detail |"
+  echo "|---|---|---|---|"
+} > "$SUMMARY"
+nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed (see nvidia-smi.txt)"
+
+# The visible GPUs' archs (e.g. "9.0"), from torch: the build compiles for exactly these.
+if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+  TORCH_CUDA_ARCH_LIST=$("$PYTHON" -c '
+import torch
+assert torch.cuda.is_available(), "no visible CUDA GPU"
+print(" ".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})))
+') || { log "torch sees no CUDA GPU: nothing to check here"; exit 2; }
+fi
+export TORCH_CUDA_ARCH_LIST
+log "archs $TORCH_CUDA_ARCH_LIST, $MAX_JOBS jobs, CUDA_HOME=$CUDA_HOME, results in $OUT_DIR"
+
+if wants build; then
+  start=$SECONDS
+  "$PYTHON" setup.py build_ext --inplace > "$OUT_DIR/build.log" 2>&1
+  code=$?
+  if [[ $code -eq 0 ]]; then
+    "$PYTHON" -c 'import json, fusednorm; info = fusednorm.build_info(); print(json.dumps(info)); assert info["cuda_kernels"], "built without CUDA kernels"' \
+      > "$OUT_DIR/build_info.json" 2>> "$OUT_DIR/build.log" || code=$?
+  fi
+  phase_result build $code $((SECONDS - start)) "$(tail -c 300 "$OUT_DIR/build_info.json" 2>/dev/null | tr -d '\n')"
+  if [[ $code -ne 0 ]]; then
+    tail -n 30 "$OUT_DIR/build.log"
+    log "build failed: stopping"
+    cat "$SUMMARY"
+    exit 1
+  fi
+fi
+
+if wants tests; then
+  start=$SECONDS
+  # The whole suite: CUDA cases run on the GPU, the emulation and SASS checks too.
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of options
+  FUSEDNORM_REQUIRE_SASS=1 FUSEDNORM_REQUIRE_EMULATION=1 \
+    "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
+    ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} > "$OUT_DIR/tests.log" 2>&1
+  code=$?
+  phase_result tests $code $((SECONDS - start)) \
+    "$(grep -E 'passed|failed|error|no tests ran' "$OUT_DIR/tests.log" | tail -n 1)"
+fi
+
+if wants sanitize; then
+  start=$SECONDS
+  TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck} PYTHON="$PYTHON" bash tests/sanitize.sh \
+    > "$OUT_DIR/sanitize.log" 2>&1
+  code=$?
+  detail=$(grep -E '^== |ERROR SUMMARY|passed|failed' "$OUT_DIR/sanitize.log" | tr '\n' ' ' | tail -c 400)
+  phase_result sanitize $code $((SECONDS - start)) "$detail"
+fi
+
+if wants bench; then
+  start=$SECONDS
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+  "$PYTHON" -m benchmarks --device cuda --out "$OUT_DIR/bench" ${BENCH_ARGS:-} > "$OUT_DIR/bench.log" 2>&1
+  code=$?
+  phase_result bench $code $((SECONDS - start)) "results in bench/ ($(ls "$OUT_DIR/bench" 2>/dev/null | tr '\n' ' '))"
+fi
+
+echo
+cat "$SUMMARY"
+exit $status

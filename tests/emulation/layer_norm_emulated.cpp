@@ -1,0 +1,318 @@
+// Runs fusednorm's CUDA LayerNorm launchers and kernels (csrc/cuda/layer_norm_kernels.cuh)
+// on the emulated GPU of emu_runtime.h and checks every output against a float64 reference
+// computed here. Reads cases from stdin, one per line:
+//
+//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters]
+//
+// T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
+// and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
+// x and dy / of weight and bias (a misaligned view); order: asc, desc or shuffle (the order
+// the fibers of a block and the blocks run in); sm_count: the multiprocessors the launchers
+// size their grids for (default 2; each is told 2 resident blocks); clusters: let the
+// launchers use thread-block clusters for chunked rows, as on sm_90 (default: not, as
+// before sm_90). Prints "ok <case> | launches L clustered C" (the kernel launches the case
+// made, and how many of them in clusters) or "FAIL <case>: why" per line; exits 1 if any
+// failed. Emulation errors (barrier misuse, misaligned vector access, out-of-bounds access)
+// abort with a message.
+#include <cuda_runtime.h>  // the emulation's (tests/emulation/include)
+
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "cuda/layer_norm_kernels.cuh"
+
+namespace {
+
+using namespace fusednorm::cuda;
+using emu::Buffer;
+
+template <typename T>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return 1.0 / 256;
+  if constexpr (std::is_same_v<T, c10::Half>) return 1.0 / 2048;
+  if constexpr (std::is_same_v<T, float>) return 1.0 / (1 << 24);
+  return 1.0 / 9007199254740992.0;
+}
+
+// Spacing of T's subnormals: the absolute rounding error of a tiny output.
+template <typename T>
+double subnormal_step() {
+  return double(std::numeric_limits<T>::denorm_min());
+}
+
+// Accumulation error allowance: 512 units of the accumulator's roundoff (far below any
+// logic error, which is of the order of the values themselves).
+template <typename T>
+constexpr double acc_tolerance() {
+  return 512 * unit_roundoff<acc_type_t<T>>();
+}
+
+class GuardedWorkspace final : public Workspace {
+ public:
+  void* allocate(int64_t bytes) override {
+    buffers_.push_back(Buffer::make(std::size_t(std::max<int64_t>(bytes, 1))));
+    return buffers_.back().data;
+  }
+  void check() const {
+    for (const Buffer& b : buffers_) b.check_canary("a workspace buffer");
+  }
+
+ private:
+  std::vector<Buffer> buffers_;
+};
+
+struct Case {
+  std::string pass, t, p;
+  int64_t M = 0, N = 0;
+  std::string affine;
+  int x_misalign = 0, p_misalign = 0;
+  std::string order;
+  std::string text;
+};
+
+// A buffer of n values of T, starting `misalign` bytes past a 256-byte boundary, from
+// `values` (rounded to T); `got` reads one back as double.
+template <typename T>
+Buffer upload(const std::vector<double>& values, int misalign) {
+  Buffer b = Buffer::make(values.size() * sizeof(T), std::size_t(misalign));
+  for (std::size_t i = 0; i < values.size(); ++i) b.as<T>()[i] = static_cast<T>(values[i]);
+  return b;
+}
+
+template <typename T>
+std::vector<double> rounded(std::vector<double> v) {
+  for (double& x : v) x = double(static_cast<T>(x));
+  return v;
+}
+
+template <typename T>
+double value_of(const Buffer& b, std::size_t i) {
+  return double(b.as<T>()[i]);
+}
+
+// Counts elements of got (as T) beyond bound(i) of ref; fills `why` with the first.
+template <typename T, typename Bound>
+int64_t compare(const char* what, const Buffer& got, const std::vector<double>& ref, Bound bound,
+                std::string& why) {
+  int64_t bad = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double g = value_of<T>(got, i);
+    const double err = std::abs(g - ref[i]);
+    if (!(err <= bound(i))) {  // NaN (an unwritten, poisoned element) fails too
+      if (bad == 0) {
+        std::ostringstream s;
+        s << what << "[" << i << "] = " << g << ", reference " << ref[i] << ", bound " << bound(i);
+        why = s.str();
+      }
+      ++bad;
+    }
+  }
+  if (bad > 0) why += " (" + std::to_string(bad) + " of " + std::to_string(ref.size()) + " beyond)";
+  return bad;
+}
+
+struct Data {
+  std::vector<double> x, dy, w, b;
+};
+
+template <typename T, typename P>
+Data make_data(const Case& c) {
+  std::mt19937_64 rng(std::hash<std::string>{}(c.text));
+  std::normal_distribution<double> normal;
+  Data d;
+  d.x.resize(std::size_t(c.M * c.N));
+  d.dy.resize(d.x.size());
+  d.w.resize(std::size_t(c.N));
+  d.b.resize(std::size_t(c.N));
+  // Rows away from zero mean and unit scale (each row its own), parameters away from 1/0.
+  for (int64_t r = 0; r < c.M; ++r) {
+    const double shift = 2 * normal(rng), scale = 0.5 + std::abs(normal(rng)) * 3;
+    for (int64_t j = 0; j < c.N; ++j) d.x[r * c.N + j] = shift + scale * normal(rng);
+  }
+  for (double& v : d.dy) v = normal(rng);
+  for (double& v : d.w) v = 1 + 0.5 * normal(rng);
+  for (double& v : d.b) v = 0.5 * normal(rng);
+  d.x = rounded<T>(d.x);
+  d.dy = rounded<T>(d.dy);
+  d.w = rounded<P>(d.w);
+  d.b = rounded<P>(d.b);
+  return d;
+}
+
+template <typename T, typename P>
+std::string run_fwd(const Case& c) {
+  using acc_t = acc_type_t<T>;
+  const Data d = make_data<T, P>(c);
+  const bool has_w = c.affine == "wb" || c.affine == "w";
+  const bool has_b = c.affine == "wb" || c.affine == "b";
+  Buffer x = upload<T>(d.x, c.x_misalign);
+  Buffer w = upload<P>(d.w, c.p_misalign), b = upload<P>(d.b, c.p_misalign);
+  Buffer y = Buffer::make(d.x.size() * sizeof(T));
+  Buffer mean = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
+  Buffer rstd = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
+  LayerNormFwdArgs<T, P> a{x.as<T>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
+                           y.as<T>(), mean.as<acc_t>(), rstd.as<acc_t>(), c.M, c.N, 1e-5};
+  GuardedWorkspace ws;
+  layer_norm_fwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  ws.check();
+  for (const Buffer* buf : {&x, &w, &b, &y, &mean, &rstd}) buf->check_canary("an argument");
+
+  // float64 reference
+  std::vector<double> ref_y(d.x.size()), ref_mean(std::size_t(c.M)), ref_rstd(std::size_t(c.M));
+  std::vector<double> y_scale(d.x.size());
+  for (int64_t r = 0; r < c.M; ++r) {
+    const double* xr = &d.x[r * c.N];
+    double s = 0;
+    for (int64_t j = 0; j < c.N; ++j) s += xr[j];
+    const double mu = s / double(c.N);
+    double v = 0;
+    for (int64_t j = 0; j < c.N; ++j) v += (xr[j] - mu) * (xr[j] - mu);
+    v /= double(c.N);
+    const double rs = 1 / std::sqrt(v + 1e-5);
+    ref_mean[r] = mu;
+    ref_rstd[r] = rs;
+    for (int64_t j = 0; j < c.N; ++j) {
+      const double xhat = (xr[j] - mu) * rs;
+      const double wj = has_w ? d.w[j] : 1, bj = has_b ? d.b[j] : 0;
+      ref_y[r * c.N + j] = xhat * wj + bj;
+      y_scale[r * c.N + j] = (std::abs(xhat) + 1) * std::abs(wj) + std::abs(bj);
+    }
+  }
+  const double tol = acc_tolerance<T>(), ulp = unit_roundoff<T>();
+  std::string why;
+  if (compare<T>("y", y, ref_y, [&](std::size_t i) { return 2 * ulp * std::abs(ref_y[i]) + subnormal_step<T>() + tol * y_scale[i]; }, why)) return why;
+  if (compare<acc_t>("mean", mean, ref_mean, [&](std::size_t r) { return tol * (std::abs(ref_mean[r]) + 1 / ref_rstd[r]); }, why)) return why;
+  if (compare<acc_t>("rstd", rstd, ref_rstd, [&](std::size_t r) { return tol * ref_rstd[r]; }, why)) return why;
+  return "";
+}
+
+template <typename T, typename P>
+std::string run_bwd(const Case& c) {
+  using acc_t = acc_type_t<T>;
+  const Data d = make_data<T, P>(c);
+  const bool has_w = c.affine == "wb" || c.affine == "w";
+  const bool has_b = c.affine == "wb" || c.affine == "b";
+  // mean and rstd as the forward saves them (acc_t), from the float64 statistics.
+  std::vector<double> mu(std::size_t(c.M)), rs(std::size_t(c.M));
+  for (int64_t r = 0; r < c.M; ++r) {
+    double s = 0, v = 0;
+    for (int64_t j = 0; j < c.N; ++j) s += d.x[r * c.N + j];
+    s /= double(c.N);
+    for (int64_t j = 0; j < c.N; ++j) v += (d.x[r * c.N + j] - s) * (d.x[r * c.N + j] - s);
+    mu[r] = double(acc_t(s));
+    rs[r] = double(acc_t(1 / std::sqrt(v / double(c.N) + 1e-5)));
+  }
+  Buffer x = upload<T>(d.x, c.x_misalign), dy = upload<T>(d.dy, c.x_misalign);
+  Buffer w = upload<P>(d.w, c.p_misalign);
+  Buffer mean = upload<acc_t>(mu, 0), rstd = upload<acc_t>(rs, 0);
+  Buffer dx = Buffer::make(d.x.size() * sizeof(T));
+  Buffer dw = Buffer::make(std::size_t(c.N) * sizeof(P)), db = Buffer::make(std::size_t(c.N) * sizeof(P));
+  LayerNormBwdArgs<T, P> a{dy.as<T>(), x.as<T>(), mean.as<acc_t>(), rstd.as<acc_t>(),
+                           has_w ? w.as<P>() : nullptr, dx.as<T>(), has_w ? dw.as<P>() : nullptr,
+                           has_b ? db.as<P>() : nullptr, c.M, c.N};
+  GuardedWorkspace ws;
+  layer_norm_bwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  ws.check();
+  for (const Buffer* buf : {&x, &dy, &w, &mean, &rstd, &dx, &dw, &db}) buf->check_canary("an argument");
+
+  std::vector<double> ref_dx(d.x.size()), dx_scale(d.x.size());
+  std::vector<double> ref_dw(std::size_t(c.N), 0), ref_db(std::size_t(c.N), 0);
+  std::vector<double> dw_scale(std::size_t(c.N), 0), db_scale(std::size_t(c.N), 0);
+  for (int64_t r = 0; r < c.M; ++r) {
+    double sum_g = 0, sum_gx = 0, abs_g = 0, abs_gx = 0;
+    for (int64_t j = 0; j < c.N; ++j) {
+      const double xhat = (d.x[r * c.N + j] - mu[r]) * rs[r];
+      const double g = d.dy[r * c.N + j] * (has_w ? d.w[j] : 1);
+      sum_g += g;
+      sum_gx += g * xhat;
+      abs_g += std::abs(g);
+      abs_gx += std::abs(g * xhat);
+    }
+    const double n = double(c.N);
+    for (int64_t j = 0; j < c.N; ++j) {
+      const std::size_t i = std::size_t(r * c.N + j);
+      const double xhat = (d.x[i] - mu[r]) * rs[r];
+      const double g = d.dy[i] * (has_w ? d.w[j] : 1);
+      ref_dx[i] = rs[r] * (g - sum_g / n - xhat * sum_gx / n);
+      dx_scale[i] = rs[r] * (std::abs(g) + abs_g / n + std::abs(xhat) * (abs_gx / n + 1));
+      ref_dw[j] += d.dy[i] * xhat;
+      ref_db[j] += d.dy[i];
+      dw_scale[j] += std::abs(d.dy[i] * xhat);
+      db_scale[j] += std::abs(d.dy[i]);
+    }
+  }
+  const double tol = acc_tolerance<T>();
+  std::string why;
+  if (compare<T>("dx", dx, ref_dx, [&](std::size_t i) { return 2 * unit_roundoff<T>() * std::abs(ref_dx[i]) + subnormal_step<T>() + tol * dx_scale[i]; }, why)) return why;
+  if (has_w && compare<P>("dweight", dw, ref_dw, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_dw[j]) + subnormal_step<P>() + tol * dw_scale[j]; }, why)) return why;
+  if (has_b && compare<P>("dbias", db, ref_db, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_db[j]) + subnormal_step<P>() + tol * db_scale[j]; }, why)) return why;
+  return "";
+}
+
+template <typename T, typename P>
+std::string run_case(const Case& c) {
+  return c.pass == "fwd" ? run_fwd<T, P>(c) : run_bwd<T, P>(c);
+}
+
+std::string dispatch(const Case& c) {
+  if (c.pass != "fwd" && c.pass != "bwd") return "bad pass " + c.pass;
+  if (c.t == "f32" && c.p == "f32") return run_case<float, float>(c);
+#ifndef EMU_ONLY_FLOAT  // (a quicker build, for the test that the harness can fail)
+  if (c.t == "f64" && c.p == "f64") return run_case<double, double>(c);
+  if (c.t == "f16" && c.p == "f16") return run_case<c10::Half, c10::Half>(c);
+  if (c.t == "f16" && c.p == "f32") return run_case<c10::Half, float>(c);
+  if (c.t == "bf16" && c.p == "bf16") return run_case<c10::BFloat16, c10::BFloat16>(c);
+  if (c.t == "bf16" && c.p == "f32") return run_case<c10::BFloat16, float>(c);
+#endif
+  return "bad dtype pair " + c.t + "/" + c.p;
+}
+
+}  // namespace
+
+int main() {
+  std::string line;
+  int failed = 0, ran = 0;
+  while (std::getline(std::cin, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    Case c;
+    c.text = line;
+    in >> c.pass >> c.t >> c.p >> c.M >> c.N >> c.affine >> c.x_misalign >> c.p_misalign >> c.order;
+    const bool parsed = bool(in);
+    // Optional: a multiprocessor count, and "clusters" (sm_90's clustered launches allowed).
+    int sms = 2;
+    bool clusters = false;
+    for (std::string extra; parsed && in >> extra;) {
+      if (extra == "clusters") {
+        clusters = true;
+      } else {
+        sms = std::atoi(extra.c_str());
+      }
+    }
+    emu::config().sm_count = sms;
+    emu::config().clusters = clusters;
+    if (!parsed || sms < 1) {
+      std::cout << "FAIL " << line << ": cannot parse" << std::endl;
+      ++failed;
+      continue;
+    }
+    emu::config().order = c.order == "desc"      ? emu::Order::kDescending
+                          : c.order == "shuffle" ? emu::Order::kShuffled
+                                                 : emu::Order::kAscending;
+    std::cerr << "running " << line << std::endl;  // names the case if the emulator aborts
+    const long launches = emu::config().launches, clustered = emu::config().cluster_launches;
+    const std::string why = dispatch(c);
+    ++ran;
+    if (why.empty()) {
+      // The launch counts show which path ran (e.g. 1 clustered launch for a chunked row).
+      std::cout << "ok " << line << " | launches " << emu::config().launches - launches
+                << " clustered " << emu::config().cluster_launches - clustered << std::endl;
+    } else {
+      std::cout << "FAIL " << line << ": " << why << std::endl;
+      ++failed;
+    }
+  }
+  std::cout << ran << " cases, " << failed << " failed" << std::endl;
+  return failed == 0 && ran > 0 ? 0 : 1;
+}

@@ -1,0 +1,205 @@
+"""The CUDA LayerNorm kernels' logic, run without a GPU (select with `pytest -k emulat`):
+tests/emulation compiles csrc/cuda/layer_norm_kernels.cuh (launchers and kernels) as host
+C++ against an emulation of the CUDA built-ins they use, and runs every size bucket, the
+chunked long-row paths, odd sizes, misaligned views and every parameter case against a
+float64 reference, in three thread schedules. See tests/emulation/README.md for what the
+emulation does and does not see.
+
+Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is
+a failure instead).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch.utils.cpp_extension
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMULATION = os.path.join(REPO, "tests", "emulation")
+CACHE = os.path.join(REPO, "build", "emulation")
+
+# (T, P) pairs the CUDA op accepts, with T's element size.
+PAIRS = [("f32", "f32"), ("f64", "f64"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32")]
+SIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+AFFINE = ["wb", "w", "b", "none"]
+ORDERS = ["asc", "desc", "shuffle"]
+
+# Row lengths in 16-byte packs: every bucket's capacity (32 ... 8192 packs) and one past it,
+# then rows longer than the largest bucket (chunks).
+VECTOR_PACKS = [1, 3, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049,
+                4096, 4097, 8192, 8193, 16400]
+# Row lengths for the one-element path (N not a multiple of the pack): the scalar buckets'
+# capacities (128 ... 8192 elements) and one past, and chunked rows.
+SCALAR_N = [1, 7, 127, 129, 511, 513, 2047, 2049, 4095, 4097, 8191, 8193, 20001]
+
+
+def compiler_flags(only_float=False):
+    includes = [os.path.join(EMULATION, "include"), os.path.join(REPO, "csrc")]
+    includes += torch.utils.cpp_extension.include_paths()[:1]  # c10's headers (Half, BFloat16)
+    flags = ["-std=c++20", "-O1", "-g0", "-ffp-contract=off", "-U_FORTIFY_SOURCE", "-pthread",
+             "-DFUSEDNORM_EMULATION"] + [f"-I{d}" for d in includes]
+    return flags + (["-DEMU_ONLY_FLOAT"] if only_float else [])
+
+
+def sources(csrc=os.path.join(REPO, "csrc")):
+    return sorted(
+        glob.glob(os.path.join(EMULATION, "**", "*.*"), recursive=True)
+        + glob.glob(os.path.join(csrc, "cuda", "*.cuh"))
+        + glob.glob(os.path.join(csrc, "cuda", "*.h"))
+        + glob.glob(os.path.join(csrc, "common", "*.h"))
+    )
+
+
+def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
+    """Compiles tests/emulation/layer_norm_emulated.cpp against `csrc`; returns the binary."""
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if compiler is None:
+        if os.environ.get("FUSEDNORM_REQUIRE_EMULATION") == "1":
+            pytest.fail("FUSEDNORM_REQUIRE_EMULATION=1 but no C++ compiler (g++) was found")
+        pytest.skip("no C++ compiler (g++) to build the emulation")
+    flags = compiler_flags(only_float)
+    flags = [f.replace(os.path.join(REPO, "csrc"), csrc) for f in flags]
+    digest = hashlib.sha256(" ".join([compiler] + flags).encode())
+    for path in sources(csrc):
+        with open(path, "rb") as f:
+            digest.update(path.encode() + f.read())
+    binary = os.path.join(out_dir, f"layer_norm_emulated-{digest.hexdigest()[:16]}")
+    if not os.path.exists(binary):
+        os.makedirs(out_dir, exist_ok=True)
+        cmd = [compiler, *flags, os.path.join(EMULATION, "layer_norm_emulated.cpp"), "-o", binary + ".tmp"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, f"emulation build failed:\n{' '.join(cmd)}\n{done.stderr[-6000:]}"
+        os.replace(binary + ".tmp", binary)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def harness():
+    return build_harness(CACHE)
+
+
+def run_cases(binary, lines, timeout=600):
+    done = subprocess.run([binary], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+# The largest bucket's row length in elements (chunks are cut beyond it), per pass and
+# path: csrc/cuda/layer_norm_kernels.cuh's tables (the forward's 8192 packs of 16 bytes or
+# 8192 elements; the backward's 1024 packs for 16-bit inputs, else 2048, or 4096 elements).
+def largest_row(pass_, t, vectorized):
+    vec = 16 // SIZE[t]
+    if pass_ == "fwd":
+        return 8192 * vec if vectorized else 8192
+    if not vectorized:
+        return 4096
+    return (1024 if SIZE[t] == 2 else 2048) * vec
+
+
+def cluster_cases(pass_, t, p):
+    """(case line, expected clustered launches): chunked rows of 2 to 8 chunks take one
+    clustered launch when clusters are allowed; 9 chunks, or no clusters, the three-launch
+    path."""
+    vec = 16 // SIZE[t]
+    cases = []
+    for vectorized in (True, False):
+        big = largest_row(pass_, t, vectorized)
+        # Multiples of the pack (the 16-byte path), or odd lengths (the one-element path).
+        step = vec if vectorized else 1
+        two = 2 * big if vectorized else 2 * big + 1
+        for n, clustered, allow in [(two, 1, True), (8 * big - step, 1, True),
+                                    (8 * big + step, 0, True), (two, 0, False)]:
+            affine = AFFINE[len(cases) % len(AFFINE)]
+            order = ORDERS[len(cases) % len(ORDERS)]
+            flag = " clusters" if allow else ""
+            cases.append((f"{pass_} {t} {p} 3 {n} {affine} 0 0 {order} 2{flag}", clustered))
+    return cases
+
+
+def rows_for(n):
+    """Odd row counts: enough for several row groups per block (4 blocks of up to 4 rows
+    each), few for long rows."""
+    return max(3, min(37, 60000 // max(n, 1))) | 1
+
+
+def cases_for(pass_, t, p):
+    vec = 16 // SIZE[t]
+    lines = []
+    sizes = [(packs * vec, 0, 0) for packs in VECTOR_PACKS]  # the 16-byte path
+    sizes += [(n, 0, 0) for n in SCALAR_N]  # N not a multiple of the pack
+    # Misaligned views of x/dy (by one element) and of the parameters: one-element packs.
+    sizes += [(100 * vec, SIZE[t], 0), (3000 * vec, SIZE[t], 0), (64 * vec, 0, SIZE[p]), (9000 * vec, SIZE[t], SIZE[p])]
+    for i, (n, x_mis, p_mis) in enumerate(sizes):
+        affine = AFFINE[i % len(AFFINE)]
+        order = ORDERS[i % len(ORDERS)]
+        lines.append(f"{pass_} {t} {p} {rows_for(n)} {n} {affine} {x_mis} {p_mis} {order}")
+    # Every parameter case at one size, and a grid of 132 multiprocessors (the parameter
+    # gradients' reduction then takes 8- and 16-column blocks), and many rows.
+    for affine in AFFINE:
+        lines.append(f"{pass_} {t} {p} 9 {vec * 96} {affine} 0 0 shuffle 132")
+    lines.append(f"{pass_} {t} {p} 2001 {vec * 4} wb 0 0 asc 3")
+    return lines
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_cluster_long_rows(harness, pass_, t, p):
+    """Rows of 2 to 8 chunks held by the blocks of a thread-block cluster (sm_90's path), in
+    one launch, against float64; 9 chunks (more than a portable cluster) and launches
+    without clusters take the chunked three-launch path."""
+    cases = cluster_cases(pass_, t, p)
+    code, out, err = run_cases(harness, [line for line, _ in cases])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    failures = [line for line in results if line.startswith("FAIL")]
+    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
+    assert len(results) == len(cases)
+    for (line, clustered), result in zip(cases, results):
+        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_layer_norm_kernels(harness, pass_, t, p):
+    lines = cases_for(pass_, t, p)
+    code, out, err = run_cases(harness, lines)
+    failures = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert code == 0 and not failures, (
+        f"exit {code}; {len(failures)} failed:\n" + "\n".join(failures[:10]) + "\n" + err[-3000:]
+    )
+    assert sum(line.startswith("ok ") for line in out.splitlines()) == len(lines)
+
+
+def test_emulation_catches_a_missing_barrier(tmp_path):
+    """The harness can fail: the same kernels without the barrier of the row reduction
+    (csrc copied and edited) give wrong results in the emulation."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(os.path.join(REPO, "csrc"), csrc)
+    kernels = csrc / "cuda" / "layer_norm_kernels.cuh"
+    text = kernels.read_text()
+    barrier = "      red[3 * warp + 2] = s.count;\n    }\n    __syncthreads();\n"
+    assert barrier in text, "the row reduction's barrier moved: update this test"
+    kernels.write_text(text.replace(barrier, "      red[3 * warp + 2] = s.count;\n    }\n"))
+    binary = build_harness(str(tmp_path), csrc=str(csrc), only_float=True)
+    code, out, _ = run_cases(binary, ["fwd f32 f32 5 1000 wb 0 0 asc"])
+    assert code != 0 and "FAIL fwd f32 f32 5 1000" in out, out
+
+
+def test_emulation_catches_a_misaligned_vector_access(harness, tmp_path):
+    """A 16-byte access at a misaligned address aborts the emulation (as it faults on a GPU):
+    the dispatch is edited to take the vector path for a misaligned x."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(os.path.join(REPO, "csrc"), csrc)
+    kernels = csrc / "cuda" / "layer_norm_kernels.cuh"
+    text = kernels.read_text()
+    check = "a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y)"
+    assert check in text, "the forward's alignment dispatch moved: update this test"
+    kernels.write_text(text.replace(check, "a.N % kVec<T> == 0 && is_16b_aligned(a.y)"))
+    binary = build_harness(str(tmp_path), csrc=str(csrc), only_float=True)
+    code, _, err = run_cases(binary, ["fwd f32 f32 5 1000 wb 4 0 asc"])
+    assert code != 0 and "misaligned 16-byte access" in err, err[-2000:]

@@ -1,0 +1,122 @@
+"""Static checks of the compiled CUDA kernels' machine code, run without a GPU (select them
+with `pytest -k sass`): the LayerNorm kernels' global stores are 16 bytes wide where their
+data is, no kernel spills to local memory, and every kernel's registers allow the block
+size it is launched with. They read the library the tests import, for every arch it holds.
+
+Skipped (with the reason) only when fusednorm was built without CUDA kernels or cuobjdump is
+nowhere; with FUSEDNORM_REQUIRE_SASS=1 (set by CI) those are failures instead.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+import fusednorm
+from sass_inspect import (
+    extension_path,
+    find_tool,
+    launch_block,
+    read_kernels,
+    registers_fit,
+    row_kernel,
+)
+
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+
+
+def _unavailable() -> str | None:
+    if not fusednorm.build_info().get("cuda_kernels"):
+        return "fusednorm was built without its CUDA kernels"
+    if find_tool("cuobjdump") is None:
+        return "cuobjdump not found (CUDA toolkit or the triton wheel)"
+    if extension_path() is None:
+        return "the compiled fusednorm._C library was not found"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def kernels():
+    reason = _unavailable()
+    if reason is not None:
+        if os.environ.get("FUSEDNORM_REQUIRE_SASS") == "1":
+            pytest.fail(f"FUSEDNORM_REQUIRE_SASS=1 but {reason}")
+        pytest.skip(reason)
+    return read_kernels(extension_path(), find_tool("cuobjdump"))
+
+
+def row_kernels():
+    return [(k, row_kernel(k.name)) for k in kernels().values() if row_kernel(k.name) is not None]
+
+
+def test_sass_inventory_has_every_row_kernel_path():
+    """The parse found sm_ cubins and, per arch, both passes of every dtype in both layouts,
+    with and without clusters: the other checks cannot pass by finding nothing."""
+    found = {}
+    for k, rk in row_kernels():
+        found.setdefault(k.arch, set()).add((rk.direction, rk.dtype, rk.vectorized, rk.cluster))
+    assert found, "no LayerNorm row kernels in the library's SASS"
+    for arch, paths in found.items():
+        missing = {
+            (d, t, v, c) for d in ("fwd", "bwd") for t in DTYPES for v in (True, False) for c in (True, False)
+        } - paths
+        assert not missing, f"{arch}: no SASS for {sorted(missing)}"
+    assert all(sum(k.ops.values()) > 0 for k, _ in row_kernels()), "kernels without instructions"
+
+
+def test_sass_16bit_vector_kernels_have_no_2_byte_stores():
+    bad = [
+        (k.arch, k.name)
+        for k, rk in row_kernels()
+        if rk.vectorized and rk.dtype in ("float16", "bfloat16") and k.ops["STG.E.U16"] > 0
+    ]
+    assert not bad, f"2-byte global stores (STG.E.U16) in 16-bit vector kernels: {bad}"
+
+
+def test_sass_vector_kernels_store_16_bytes():
+    """Every vector kernel writes its output packs with 128-bit stores: at least one per pack
+    a thread holds (ITEMS)."""
+    bad = []
+    for k, rk in row_kernels():
+        if not rk.vectorized:
+            continue
+        wide = sum(n for op, n in k.ops.items() if op.startswith("STG.E.128"))
+        if wide < rk.items:
+            bad.append((k.arch, rk, wide))
+    assert not bad, f"vector kernels with fewer 128-bit stores (STG.E.128) than packs: {bad}"
+
+
+def test_sass_no_local_memory_in_norm_kernels():
+    """No spills (stack frame, local memory, LDL/STL) in any LayerNorm kernel, float64 ones
+    included."""
+    bad = []
+    for k in kernels().values():
+        if "layer_norm" not in k.name and "sum_partial_rows" not in k.name:
+            continue
+        spill_ops = sum(n for op, n in k.ops.items() if op.startswith(("LDL", "STL")))
+        if k.stack or k.local or spill_ops:
+            bad.append((k.arch, k.name, f"stack={k.stack} local={k.local} LDL/STL={spill_ops}"))
+    assert not bad, f"local memory in norm kernels: {bad}"
+
+
+def test_sass_registers_allow_the_launch_block_size():
+    unknown, bad = [], []
+    for k in kernels().values():
+        block = launch_block(k.name)
+        if block is None:
+            unknown.append(k.name)
+        elif not registers_fit(k.regs, block):
+            bad.append((k.arch, k.name, k.regs, block))
+    assert not unknown, (
+        f"kernels without a known launch block size (add them to sass_inspect.OTHER_BLOCKS): {unknown}"
+    )
+    assert not bad, f"registers forbid the launch block size (arch, kernel, regs, block): {bad}"
+
+
+def test_sass_registers_fit_rule():
+    """The occupancy arithmetic itself: 64 registers fit a block of 1024, 65 do not; 128 fit
+    512; 255 is the most a thread may have."""
+    assert registers_fit(64, 1024) and not registers_fit(65, 1024)
+    assert registers_fit(128, 512) and not registers_fit(129, 512)
+    assert registers_fit(255, 256) and not registers_fit(256, 32)
