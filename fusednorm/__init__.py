@@ -3,12 +3,13 @@ from . import reference
 from .functional import add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, rms_norm
 from .info import __version__, build_info
 from .layer_norm_2d import FusedLayerNorm2d
-from .modules import FusedGeluFFN, FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm
+from .modules import FusedGeluFFN, FusedHFRMSNorm, FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm
 from .ops import FusedLayerNormFunction, GeluFFNFunction, LayerNormGeluFFNFunction
-from .patch import norm_report, replace_layernorm
+from .patch import norm_report, replace_layernorm, replace_norms
 
 __all__ = [
     "FusedGeluFFN",
+    "FusedHFRMSNorm",
     "FusedLayerNorm",
     "FusedLayerNorm2d",
     "FusedLayerNormFunction",
@@ -24,6 +25,7 @@ __all__ = [
     "norm_report",
     "reference",
     "replace_layernorm",
+    "replace_norms",
     "rms_norm",
     "__version__",
 ]

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from torch import nn
 
 from .layer_norm_2d import FusedLayerNorm2d
-from .modules import FusedLayerNorm
+from .modules import FusedHFRMSNorm, FusedLayerNorm, FusedRMSNorm
 
 logger = logging.getLogger("fusednorm")
 
@@ -34,7 +34,7 @@ class Swap:
     """How one norm class becomes a fusednorm module: its class is replaced in place by
     `target` (parameters, buffers, hooks and attributes kept)."""
 
-    family: str  # which replace_* function swaps it: "layer_norm"
+    family: str  # which replace_* function swaps it: "layer_norm" or "rms_norm"
     target: type
     # A reason to leave this particular instance alone (e.g. a mode that computes
     # differently), or None to swap it.
@@ -52,6 +52,13 @@ SWAPS: dict[str, Swap] = {
     # timm: permute NCHW -> NHWC, F.layer_norm over C, permute back; as FusedLayerNorm2d.
     "timm.layers.norm.LayerNorm2d": Swap("layer_norm", FusedLayerNorm2d,
                                          keep_if=_timm_fast_norm),
+    # torch: F.rms_norm(x, normalized_shape, weight, eps).
+    "torch.nn.modules.normalization.RMSNorm": Swap("rms_norm", FusedRMSNorm),
+    # transformers (checked on 5.23): x.float() * rsqrt(mean(x²) + variance_epsilon), cast
+    # to the input dtype, times weight. Gemma's (1 + weight) and T5's cast rule differ: kept.
+    **{f"transformers.models.{m}.modeling_{m}.{c}RMSNorm": Swap("rms_norm", FusedHFRMSNorm)
+       for m, c in (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"),
+                    ("mistral", "Mistral"))},
 }
 
 
@@ -196,4 +203,13 @@ def replace_layernorm(model: nn.Module) -> nn.Module:
     lists every norm module and what became of it.
     """
     swap_modules(model, ("layer_norm",), "replace_layernorm")
+    return model
+
+
+def replace_norms(model: nn.Module) -> nn.Module:
+    """replace_layernorm, and the same for RMSNorm: torch.nn.RMSNorm (-> FusedRMSNorm) and
+    Hugging Face's LlamaRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm, MistralRMSNorm
+    (-> FusedHFRMSNorm, which keeps their order of operations). In place, same Parameter
+    objects; returns the model. Logging, warning and norm_report as replace_layernorm's."""
+    swap_modules(model, ("layer_norm", "rms_norm"), "replace_norms")
     return model

@@ -229,3 +229,49 @@ def test_timm_vit_built_with_fused_layernorm(device):
     fused.load_state_dict(plain.state_dict())
     assert _count(fused, fusednorm.FusedLayerNorm) == _count(plain, nn.LayerNorm) > 0
     assert_same_outputs_and_grads(plain, fused, {"x": _images(2, 32).to(device)})
+
+
+def _randomize_rms_weights(model: nn.Module, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if "RMSNorm" in type(module).__name__:
+                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_replace_norms(device):
+    """A small random Llama: replace_norms swaps its LlamaRMSNorms (2 per layer and the
+    final one) and changes neither outputs nor gradients."""
+    config = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).to(device).eval()
+    _randomize_rms_weights(model)
+    fused = fusednorm.replace_norms(copy.deepcopy(model))
+    assert _count(fused, fusednorm.FusedHFRMSNorm) == 5
+    inputs = {"input_ids": _tokens(2, 16, 101).to(device)}
+    assert_same_outputs_and_grads(model, fused, inputs, normwise_grads=True)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_rms_norm_classes_keep_their_numerics(family, dtype):
+    """Each swapped Hugging Face RMSNorm class gives its own results: normalized in float32,
+    cast to the input dtype, then times the weight (whose dtype sets the output's)."""
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cls = next(getattr(module, n) for n in dir(module) if n.lower() == f"{family}rmsnorm")
+    norm = cls(48, eps=1e-5)
+    _randomize_rms_weights(norm)
+    x = (torch.randn(5, 7, 48, generator=torch.Generator().manual_seed(2)) * 3 + 1).to(dtype)
+    expected = norm(x)
+    fused = fusednorm.replace_norms(copy.deepcopy(norm))
+    assert type(fused) is fusednorm.FusedHFRMSNorm
+    out = fused(x)
+    assert out.dtype == expected.dtype
+    # float32 statistics summed in another order: equal to float32 rounding, and the bf16
+    # cast before the weight makes at most one bf16 step of difference, rarely.
+    torch.testing.assert_close(out, expected, rtol=1e-5 if dtype == torch.float32 else 8e-3,
+                               atol=1e-6 if dtype == torch.float32 else 8e-3)

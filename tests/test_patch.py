@@ -141,3 +141,25 @@ def test_swapped_model_pickles(tmp_path):
     torch.save(copy.deepcopy(model), tmp_path / "m.pt")
     loaded = torch.load(tmp_path / "m.pt", weights_only=False)
     assert type(loaded[0]) is fusednorm.FusedLayerNorm
+
+
+def test_replace_norms_swaps_rms_norm_and_layer_norm_in_place():
+    rms, ln = nn.RMSNorm(6, eps=1e-5), nn.LayerNorm(6)
+    with torch.no_grad():
+        rms.weight.uniform_(0.5, 1.5)
+    model = nn.Sequential(rms, ln)
+    x = torch.randn(3, 6)
+    expected = model(x)
+    weight = rms.weight
+    assert fusednorm.replace_norms(model) is model
+    assert type(model[0]) is fusednorm.FusedRMSNorm and model[0].weight is weight
+    assert type(model[1]) is fusednorm.FusedLayerNorm
+    torch.testing.assert_close(model(x), expected)
+
+
+def test_replace_layernorm_leaves_rms_norm_to_replace_norms():
+    model = nn.Sequential(nn.RMSNorm(4), nn.LayerNorm(4))
+    fusednorm.replace_layernorm(model)
+    assert type(model[0]) is nn.RMSNorm and type(model[1]) is fusednorm.FusedLayerNorm
+    entry = fusednorm.norm_report(model).entries[0]  # what replace_norms would do
+    assert (entry.action, entry.detail) == ("swap", "FusedRMSNorm")
