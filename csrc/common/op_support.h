@@ -44,6 +44,12 @@ inline std::optional<at::Tensor> flat(const std::optional<at::Tensor>& t) {
   return t->reshape({-1}).contiguous();
 }
 
+// An optional tensor made contiguous (nullopt stays nullopt).
+inline std::optional<at::Tensor> contiguous_or_none(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  return t->contiguous();
+}
+
 inline at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
 }

@@ -24,18 +24,13 @@ using Result = std::tuple<at::Tensor, at::Tensor>;
 using GeluFFNSig = Result(const at::Tensor&, const at::Tensor&, const OptTensor&,
                           const at::Tensor&, const OptTensor&, c10::string_view);
 
-std::optional<at::Tensor> contiguous(const OptTensor& t) {
-  if (!given(t)) return std::nullopt;
-  return t->contiguous();
-}
-
 Result gelu_ffn_rows(const at::Tensor& input, const at::Tensor& weight1, const OptTensor& bias1,
                      const at::Tensor& weight2, const OptTensor& bias2,
                      c10::string_view approximate) {
   check_gelu_ffn_call("fusednorm.gelu_ffn", input, weight1, bias1, weight2, bias2, approximate);
   auto [out, hidden] = row_ops::gelu_ffn_fwd().call(
-      as_rows(input, 1), weight1.contiguous(), contiguous(bias1), weight2.contiguous(),
-      contiguous(bias2), approximate);
+      as_rows(input, 1), weight1.contiguous(), contiguous_or_none(bias1), weight2.contiguous(),
+      contiguous_or_none(bias2), approximate);
   if (input.dim() == 2) return {out, hidden};
   auto out_shape = input.sizes().vec();
   out_shape.back() = weight2.size(0);

@@ -28,11 +28,6 @@ using BlockSig = Result(const at::Tensor&, const OptTensor&, const OptTensor&, d
                         const OptTensor&, c10::string_view);
 constexpr const char* kName = "fusednorm.layer_norm_gelu_ffn";
 
-std::optional<at::Tensor> contiguous(const OptTensor& t) {
-  if (!given(t)) return std::nullopt;
-  return t->contiguous();
-}
-
 // The residual connection needs out_features == d_model.
 void check_residual(const at::Tensor& input, const at::Tensor& weight1,
                     const at::Tensor& weight2) {
@@ -52,10 +47,10 @@ Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const Opt
                         eps);
   const at::Tensor x = as_rows(input, 1);
   auto [normed, mean, rstd] =
-      row_ops::layer_norm_fwd().call(x, contiguous(ln_weight), contiguous(ln_bias), eps);
+      row_ops::layer_norm_fwd().call(x, contiguous_or_none(ln_weight), contiguous_or_none(ln_bias), eps);
   auto [y, hidden] = row_ops::gelu_ffn_fwd().call(normed, weight1.contiguous(),
-                                                  contiguous(bias1), weight2.contiguous(),
-                                                  contiguous(bias2), approximate);
+                                                  contiguous_or_none(bias1), weight2.contiguous(),
+                                                  contiguous_or_none(bias2), approximate);
   return {shaped_like(at::add(x, y), input.sizes()), mean, rstd, hidden};
 }
 
@@ -105,7 +100,7 @@ class BlockFunction : public torch::autograd::Function<BlockFunction> {
 
     const at::Tensor x = as_rows(input, 1);
     const at::Tensor grad_rows = as_rows(grad_out, 1);
-    const auto ln_w = contiguous(ln_weight), ln_b = contiguous(ln_bias);
+    const auto ln_w = contiguous_or_none(ln_weight), ln_b = contiguous_or_none(ln_bias);
     at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
     auto [grad_normed, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
         grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(), bias1.defined(),
