@@ -297,10 +297,16 @@ constexpr int kFwdMinBlocks =
     std::max(1, (sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024) /
                     RowLayout<TPR>::kBlock);
 
-// Whether a forward bucket holds its weight and bias packs in registers across rows: when
-// they take at most 8 registers each (the buckets of up to 2 packs per thread).
+// Whether a bucket holds its weight (and bias) packs in registers across rows: when they take
+// at most 8 registers each (the buckets of up to 2 packs per thread), or 4 on sm_100 and
+// newer, where 8 made the 2-pack forward buckets spill at 64 registers.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int kHoistBytes = 16;
+#else
+constexpr int kHoistBytes = 32;
+#endif
 template <typename P, int VEC, int ITEMS>
-constexpr bool kHoistFwdParams = ITEMS * VEC * sizeof(P) <= 32;
+constexpr bool kHoistFwdParams = ITEMS * VEC * sizeof(P) <= kHoistBytes;
 
 template <typename T, typename P>
 struct FwdParams {
@@ -341,6 +347,13 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   const int64_t groups = ceil_div(p.M, Layout::kRows);
   constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
+#if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // Clustered launches need sm_90 (cluster_launch_ok); below it the instantiation is empty.
+  if constexpr (CLUSTER) {
+    __trap();
+    return;
+  }
+#endif
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
     const int64_t col0 = c * p.chunk;
@@ -529,8 +542,28 @@ __global__ void __launch_bounds__(128)
 // writes one row of partials (dweight and dbias side by side), which one last kernel sums
 // over in row order.
 
-template <int TPR>
-constexpr int kBwdMinBlocks = RowLayout<TPR>::kBlock >= 512 ? 1 : 512 / RowLayout<TPR>::kBlock;
+// Threads per multiprocessor the backward kernels are compiled for: 512 (128 registers),
+// except 384 (168 registers) for the 16-bit buckets of 4 packs where 128 spilled: on sm_100
+// and newer those holding 2 or 4 rows per block (their slot-combining code), before sm_80
+// (no bfloat16 instructions) all of them. Only the device compilation reads these (launch
+// bounds); sm_80 and sm_90 fit 128.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int kBwd16ThreadsMultiRow = 384, kBwd16ThreadsOneRow = 512;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kBwd16ThreadsMultiRow = 384, kBwd16ThreadsOneRow = 384;
+#else
+constexpr int kBwd16ThreadsMultiRow = 512, kBwd16ThreadsOneRow = 512;
+#endif
+
+template <typename T, int TPR, int ITEMS>
+constexpr int kBwdThreadsPerSm =
+    sizeof(T) != 2 || ITEMS != 4 ? 512
+    : RowLayout<TPR>::kRows > 1  ? kBwd16ThreadsMultiRow
+                                 : kBwd16ThreadsOneRow;
+
+template <typename T, int TPR, int ITEMS>
+constexpr int kBwdMinBlocks =
+    std::max(1, kBwdThreadsPerSm<T, TPR, ITEMS> / RowLayout<TPR>::kBlock);
 
 template <typename T, typename P>
 struct BwdParams {
@@ -557,7 +590,7 @@ struct BwdParams {
 // 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sum2).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR, ITEMS>))
     layer_norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
@@ -573,6 +606,12 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
   const bool param_grads =
       p.mode != kPartial && (p.dweight_part != nullptr || p.dbias_part != nullptr);
   int parity = 0;
+#if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (CLUSTER) {  // as in the forward kernel
+    __trap();
+    return;
+  }
+#endif
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
     const int64_t col0 = c * p.chunk;
