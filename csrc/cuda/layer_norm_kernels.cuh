@@ -435,7 +435,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           }
           continue;
         }
-        rstd = inverse_sqrt(sum_sq / acc_t(p.N) + p.eps);
+        // An empty row has mean(x^2) = 0, as on the CPU (not 0 / 0).
+        rstd = inverse_sqrt((p.N > 0 ? sum_sq / acc_t(p.N) : acc_t(0)) + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) p.rstd[row] = rstd;
       } else if (p.mode != kApply) {
         // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
