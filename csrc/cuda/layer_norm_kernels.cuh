@@ -599,6 +599,13 @@ __global__ void __launch_bounds__(128)
 // writes one row of partials (dweight and dbias side by side), which one last kernel sums
 // over in row order.
 
+// Whether a backward kernel adds grad_sum: all RMSNorm kernels, and LayerNorm's one-element
+// kernels only. In LayerNorm's 16-byte kernels the grad_sum packs (with the dbias sums)
+// made the 16-bit buckets of 4 packs spill at 128 registers, so LayerNorm with a grad_sum
+// takes the one-element packs (norm_bwd_impl) and its vector kernels stay as they were.
+template <bool CENTERED, int VEC>
+constexpr bool kBwdGradSum = !CENTERED || VEC == 1;
+
 template <int TPR>
 constexpr int kBwdMinBlocks = RowLayout<TPR>::kBlock >= 512 ? 1 : 512 / RowLayout<TPR>::kBlock;
 
@@ -745,7 +752,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kBwdMinBlocks<TPR>)
         if (i < valid) {
           const int off = (i * TPR + tid) * VEC;
           Pack<T, VEC> out, gsum;
-          const bool has_gsum = p.grad_sum != nullptr;
+          const bool has_gsum = kBwdGradSum<CENTERED, VEC> && p.grad_sum != nullptr;
           if (has_gsum) gsum = load_pack<VEC>(p.grad_sum + base + off);
           const auto apply = [&](auto g) {
 #pragma unroll
@@ -1165,7 +1172,8 @@ void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
   if (a.M == 0 || a.N == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.dy) &&
                           is_16b_aligned(a.dx) && is_16b_aligned(a.weight) &&
-                          is_16b_aligned(a.grad_sum);
+                          is_16b_aligned(a.grad_sum) &&
+                          (a.grad_sum == nullptr || kBwdGradSum<CENTERED, kVec<T>>);
   if (vectorized) {
     run_bwd<T, P, kVec<T>, BwdVecBuckets<T>, CENTERED>(a, ws, dev, stream);
   } else {
