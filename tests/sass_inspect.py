@@ -96,11 +96,13 @@ def read_kernels(library: str, cuobjdump: str) -> dict[tuple[str, str], Kernel]:
     return kernels
 
 
-# Template arguments of the LayerNorm row kernels in their mangled names:
-# layer_norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER>.
+# Template arguments of the norm-family row kernels in their mangled names:
+# layer_norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED> (CENTERED: LayerNorm;
+# not: RMSNorm).
 _ELEMENT = {"N3c104HalfE": "float16", "N3c108BFloat16E": "bfloat16", "f": "float32", "d": "float64"}
 _ROW_KERNEL = re.compile(
-    r"layer_norm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d).*?Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?E"
+    r"layer_norm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d).*?Li(\d+)ELi(\d+)ELi(\d+)E"
+    r"(?:Lb([01])E)?(?:Lb([01])E)?E"
 )
 
 
@@ -112,6 +114,7 @@ class RowKernel:
     tpr: int
     items: int
     cluster: bool = False  # the thread-block-cluster instantiation (long rows, sm_90+)
+    centered: bool = True  # LayerNorm; False: RMSNorm
 
     @property
     def block(self) -> int:
@@ -127,8 +130,9 @@ def row_kernel(name: str) -> RowKernel | None:
     m = _ROW_KERNEL.search(name)
     if m is None:
         return None
-    direction, element, vec, tpr, items, cluster = m.groups()
-    return RowKernel(direction, _ELEMENT[element], int(vec), int(tpr), int(items), cluster == "1")
+    direction, element, vec, tpr, items, cluster, centered = m.groups()
+    return RowKernel(direction, _ELEMENT[element], int(vec), int(tpr), int(items), cluster == "1",
+                     centered != "0")
 
 
 # Launch block sizes of the other kernels (the constants next to their launches in csrc/cuda).

@@ -1,8 +1,9 @@
-"""The CUDA LayerNorm kernels' logic, run without a GPU (select with `pytest -k emulat`):
+"""The CUDA norm-family kernels' logic, run without a GPU (select with `pytest -k emulat`):
 tests/emulation compiles csrc/cuda/layer_norm_kernels.cuh (launchers and kernels) as host
 C++ against an emulation of the CUDA built-ins they use, and runs every size bucket, the
 chunked long-row paths, odd sizes, misaligned views and every parameter case against a
-float64 reference, in three thread schedules. See tests/emulation/README.md for what the
+float64 reference, in three thread schedules: LayerNorm fully, and RMSNorm and the residual
+variants (forward residual / backward grad_sum) over a subset of sizes in every path. See tests/emulation/README.md for what the
 emulation does and does not see.
 
 Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is
@@ -154,6 +155,78 @@ def test_emulated_cluster_long_rows(harness, pass_, t, p):
     one launch, against float64; 9 chunks (more than a portable cluster) and launches
     without clusters take the chunked three-launch path."""
     cases = cluster_cases(pass_, t, p)
+    code, out, err = run_cases(harness, [line for line, _ in cases])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    failures = [line for line in results if line.startswith("FAIL")]
+    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
+    assert len(results) == len(cases)
+    for (line, clustered), result in zip(cases, results):
+        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+
+
+# The norm family's other variants, as harness flags: RMSNorm, LayerNorm with a residual
+# (forward: the sum output; backward: grad_sum), RMSNorm with a residual.
+VARIANTS = ["rms", "res", "rms res"]
+
+
+def variant_affine(variant, i):
+    """Parameter cases that the variant allows (RMSNorm has no bias)."""
+    return ["w", "none"][i % 2] if "rms" in variant else AFFINE[i % len(AFFINE)]
+
+
+def family_cases(pass_, t, p, variant):
+    """A bucket of each size class and one past it, the largest bucket's chunked rows (fwd:
+    8193 packs or elements; bwd: both too), the one-element path, a misaligned x/dy, and
+    (with a residual) a residual / grad_sum misaligned alone, which must take one-element
+    packs."""
+    vec = 16 // SIZE[t]
+    sizes = [(packs * vec, 0, "") for packs in (1, 3, 33, 129, 513, 2049, 8193)]
+    sizes += [(n, 0, "") for n in (7, 129, 2049, 8193)]
+    sizes += [(100 * vec, SIZE[t], "")]
+    if "res" in variant:
+        sizes += [(64 * vec, 0, "resmis"), (96 * vec, SIZE[t], "resmis")]
+    lines = []
+    for i, (n, x_mis, extra) in enumerate(sizes):
+        flags = variant if not extra else variant.replace("res", extra)
+        lines.append(f"{pass_} {t} {p} {rows_for(n)} {n} {variant_affine(variant, i)} {x_mis} 0 "
+                     f"{ORDERS[i % len(ORDERS)]} 2 {flags}")
+    lines.append(f"{pass_} {t} {p} 9 {vec * 96} {variant_affine(variant, 1)} 0 0 shuffle 132 {variant}")
+    return lines
+
+
+def check_all_ok(binary, lines):
+    code, out, err = run_cases(binary, lines)
+    failures = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert code == 0 and not failures, (
+        f"exit {code}; {len(failures)} failed:\n" + "\n".join(failures[:10]) + "\n" + err[-3000:]
+    )
+    assert sum(line.startswith("ok ") for line in out.splitlines()) == len(lines)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_norm_family_kernels(harness, pass_, t, p, variant):
+    """RMSNorm and the residual variants against float64 (the sum output exactly)."""
+    check_all_ok(harness, family_cases(pass_, t, p, variant))
+
+
+@pytest.mark.parametrize("variant", ["rms res", "res"])
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
+    """The clustered and three-launch long-row paths of RMSNorm and of the residual add (the
+    merge kernel recomputes the row's first sum for LayerNorm's shift)."""
+    cases = []
+    base = cluster_cases(pass_, t, p)
+    if pass_ == "bwd" and variant == "res":
+        # LayerNorm's backward with a grad_sum always takes one-element packs (kBwdGradSum in
+        # layer_norm_kernels.cuh): only the one-element half's launch counts apply.
+        base = base[len(base) // 2:]
+    for i, (line, clustered) in enumerate(base):
+        tokens = line.split()
+        tokens[5] = variant_affine(variant, i)
+        cases.append((" ".join(tokens) + " " + variant, clustered))
     code, out, err = run_cases(harness, [line for line, _ in cases])
     results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
     failures = [line for line in results if line.startswith("FAIL")]

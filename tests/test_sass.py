@@ -52,14 +52,21 @@ def row_kernels():
 
 def test_sass_inventory_has_every_row_kernel_path():
     """The parse found sm_ cubins and, per arch, both passes of every dtype in both layouts,
-    with and without clusters: the other checks cannot pass by finding nothing."""
+    with and without clusters, for LayerNorm and RMSNorm (centered or not): the other checks
+    cannot pass by finding nothing."""
     found = {}
     for k, rk in row_kernels():
-        found.setdefault(k.arch, set()).add((rk.direction, rk.dtype, rk.vectorized, rk.cluster))
-    assert found, "no LayerNorm row kernels in the library's SASS"
+        found.setdefault(k.arch, set()).add(
+            (rk.direction, rk.dtype, rk.vectorized, rk.cluster, rk.centered))
+    assert found, "no norm row kernels in the library's SASS"
     for arch, paths in found.items():
         missing = {
-            (d, t, v, c) for d in ("fwd", "bwd") for t in DTYPES for v in (True, False) for c in (True, False)
+            (d, t, v, c, centered)
+            for d in ("fwd", "bwd")
+            for t in DTYPES
+            for v in (True, False)
+            for c in (True, False)
+            for centered in (True, False)
         } - paths
         assert not missing, f"{arch}: no SASS for {sorted(missing)}"
     assert all(sum(k.ops.values()) > 0 for k, _ in row_kernels()), "kernels without instructions"

@@ -1,7 +1,9 @@
-// LayerNorm forward and backward on CUDA: argument checks, outputs and workspace from
-// PyTorch's caching allocator, the input's device and current stream; the kernels are in
-// layer_norm_kernels.cuh, compiled per dtype in layer_norm_{fwd,bwd}_<dtype>.cu. Host code
-// only, compiled by the C++ compiler (no ATen headers pass through nvcc).
+// The norm family's forward and backward on CUDA (layer_norm_fwd/bwd, and norm_fwd/bwd:
+// LayerNorm or RMSNorm, optional residual): argument checks (the CPU entries' own),
+// outputs and workspace from PyTorch's caching allocator, the input's device and current
+// stream; the kernels are in layer_norm_kernels.cuh, compiled per pass and dtype in
+// layer_norm_{fwd,bwd}_<dtype>.cu and rms_norm_{fwd,bwd}_<dtype>.cu. Host code only,
+// compiled by the C++ compiler (no ATen headers pass through nvcc).
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -44,6 +46,12 @@ bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->de
 template <typename P>
 const P* data_or_null(const std::optional<at::Tensor>& t) {
   return present(t) ? t->const_data_ptr<P>() : nullptr;
+}
+
+// An output that may be empty ([0]: the sum without a residual, RMSNorm's mean).
+template <typename T>
+T* out_or_null(const at::Tensor& t) {
+  return t.numel() > 0 ? t.mutable_data_ptr<T>() : nullptr;
 }
 
 void check_on_cuda(const at::Tensor& t, const char* name) {
@@ -143,10 +151,106 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
   return {grad_input, grad_weight, grad_bias};
 }
 
+// norm_fwd: outputs as the CPU entry's (csrc/cpu/norm.cpp): sum is [0] without a residual,
+// mean is [0] for RMSNorm (centered = false).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+    bool centered) {
+  check_on_cuda(input, "input");
+  check_norm_fwd_args(input, residual, weight, bias, eps, centered);
+  const c10::cuda::OptionalCUDAGuard guard(input.device());
+  const int64_t M = input.size(0), N = input.size(1);
+  at::Tensor out = at::empty_like(input);
+  at::Tensor sum = present(residual) ? at::empty_like(input) : at::empty({0}, input.options());
+  const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
+  at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
+  at::Tensor rstd = at::empty({M}, stats_options);
+  if (M == 0) return {out, sum, mean, rstd};
+
+  TensorWorkspace workspace(input);
+  const DeviceInfo dev = device_info(input);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input),
+      [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type_t<T>;
+        const NormFwdArgs<T, P> args{
+            input.const_data_ptr<T>(), data_or_null<P>(weight), data_or_null<P>(bias),
+            out.mutable_data_ptr<T>(), out_or_null<acc_t>(mean),
+            rstd.mutable_data_ptr<acc_t>(), M, N, eps, data_or_null<T>(residual),
+            out_or_null<T>(sum)};
+        if (centered) {
+          layer_norm_fwd_cuda(args, workspace, dev, stream);
+        } else {
+          rms_norm_fwd_cuda(args, workspace, dev, stream);
+        }
+      });
+  return {out, sum, mean, rstd};
+}
+
+// norm_bwd: input is what was normalized (the sum, with a residual); grad_sum is added to
+// grad_input. For RMSNorm mean is [0] and unused, and there is no bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_sum,
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    bool centered) {
+  check_on_cuda(input, "input");
+  check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
+  const c10::cuda::OptionalCUDAGuard guard(input.device());
+  const int64_t M = input.size(0), N = input.size(1);
+  at::Tensor grad_input = at::empty_like(input);
+  at::Tensor grad_weight =
+      present(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
+  at::Tensor grad_bias =
+      present(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+  if (M == 0) {
+    // No rows: the parameter gradients are empty sums.
+    grad_weight.zero_();
+    grad_bias.zero_();
+    return {grad_input, grad_weight, grad_bias};
+  }
+  if (N == 0) return {grad_input, grad_weight, grad_bias};
+
+  TensorWorkspace workspace(input);
+  const DeviceInfo dev = device_info(input);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_input_and_param(
+      input.scalar_type(), param_dtype(weight, bias, input),
+      [&](auto input_tag, auto param_tag) {
+        using T = decltype(input_tag);
+        using P = decltype(param_tag);
+        using acc_t = acc_type_t<T>;
+        const NormBwdArgs<T, P> args{
+            grad_out.const_data_ptr<T>(),
+            input.const_data_ptr<T>(),
+            centered ? mean.const_data_ptr<acc_t>() : nullptr,
+            rstd.const_data_ptr<acc_t>(),
+            data_or_null<P>(weight),
+            grad_input.mutable_data_ptr<T>(),
+            present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
+            present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
+            M,
+            N,
+            data_or_null<T>(grad_sum)};
+        if (centered) {
+          layer_norm_bwd_cuda(args, workspace, dev, stream);
+        } else {
+          rms_norm_bwd_cuda(args, workspace, dev, stream);
+        }
+      });
+  return {grad_input, grad_weight, grad_bias};
+}
+
 }  // namespace
 }  // namespace fusednorm::cuda
 
 TORCH_LIBRARY_IMPL(fusednorm, CUDA, m) {
+  m.impl("norm_fwd", &fusednorm::cuda::norm_fwd);
+  m.impl("norm_bwd", &fusednorm::cuda::norm_bwd);
   m.impl("layer_norm_fwd", &fusednorm::cuda::layer_norm_fwd);
   m.impl("layer_norm_bwd", &fusednorm::cuda::layer_norm_bwd);
 }

@@ -1,7 +1,12 @@
 #pragma once
-// LayerNorm forward and backward kernels and their launchers, included by the per-dtype
-// files layer_norm_{fwd,bwd}_<dtype>.cu, which instantiate them. Everything here has
-// internal linkage: each of those files holds its own copies of what it uses.
+// The norm family's forward and backward kernels and their launchers: LayerNorm
+// (CENTERED = true) and RMSNorm (CENTERED = false: mean(x^2) instead of a Welford mean and
+// variance, no mean, no bias), each with an optional residual (runtime pointers, so that it
+// costs no instantiation: forward s = x + residual rounded to T, written out and normalized;
+// backward adds grad_sum to dx before its one rounding). Included by the per-pass and dtype
+// files layer_norm_{fwd,bwd}_<dtype>.cu (CENTERED) and rms_norm_{fwd,bwd}_<dtype>.cu (not),
+// which instantiate them. Everything here has internal linkage: each of those files holds
+// its own copies of what it uses.
 //
 // Work layout. A row (or, for rows longer than a kernel holds, a chunk of a row) is handled
 // by TPR threads; thread t of a row holds the 16-byte packs t, t + TPR, ..., t + (ITEMS-1)*TPR
@@ -312,18 +317,28 @@ template <typename T, typename P>
 struct FwdParams {
   using acc_t = acc_type_t<T>;
   const T* x;
-  const P* weight;  // nullable
-  const P* bias;    // nullable
+  const T* residual;  // nullable: normalize s = x + residual (rounded to T)
+  const P* weight;    // nullable
+  const P* bias;      // nullable
   T* y;
-  acc_t* mean;
+  T* sum;             // s, written when residual is set
+  acc_t* mean;        // unused (null) when not CENTERED
   acc_t* rstd;
-  acc_t* partial;       // kPartial: [M, chunks, 3] (mean, m2, count) of x - shift
-  acc_t* shifted_mean;  // kApply: [M] mean of x - shift, shift = the row's first element
+  // kPartial: [M, chunks, 3] (mean, m2, count) of x - shift; not CENTERED: (sum of x^2, 0, 0)
+  acc_t* partial;
+  acc_t* shifted_mean;  // kApply, CENTERED: [M] mean of x - shift, shift = the row's first element
   int64_t M, N;
   int64_t chunk, chunks;
   acc_t eps;
   int mode;
 };
+
+// Element i of what is normalized: x[i], or x[i] + residual[i] rounded to T (added in the
+// accumulator type, as the CPU kernels and eager `x + residual` do).
+template <typename T>
+__device__ __forceinline__ T normalized_input(const T* x, const T* residual, int64_t i) {
+  return residual != nullptr ? static_cast<T>(to_acc(x[i]) + to_acc(residual[i])) : x[i];
+}
 
 // Statistics are taken of x - shift with shift = the row's first element (as the CPU
 // kernel does), so that a row far from zero (1e4 + noise) keeps the noise's precision;
@@ -334,7 +349,10 @@ struct FwdParams {
 // registers and 512 threads: kFwdMinBlocks.
 // CLUSTER: launched in clusters of p.chunks blocks along y (grid.y == p.chunks), mode kFull:
 // block y holds chunk y of each row, and the blocks merge their statistics (cluster_merge).
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
+// Not CENTERED (RMSNorm): shift = mean = 0, the statistic is the row's sum of squares
+// (row_sum2 / cluster_sum2; one chain per thread, as a pack's elements are independent).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
+          bool CENTERED = true>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
     layer_norm_fwd_kernel(const FwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
@@ -386,13 +404,54 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
           xs[i] = load_pack<VEC>(x + off);
+          if (p.residual != nullptr) {
+            // s = x + residual, rounded to T: the sum output, and what is normalized (its
+            // rounded values, as the backward sees them).
+            const Pack<T, VEC> r = load_pack<VEC>(p.residual + row_start + col0 + off);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              xs[i].v[e] = static_cast<T>(to_acc(xs[i].v[e]) + to_acc(r.v[e]));
+            }
+            if (p.mode != kPartial) store_pack<VEC>(p.sum + row_start + col0 + off, xs[i]);
+          }
           valid = i + 1;
         }
       }
-      const acc_t shift = row_ok && p.N > 0 ? to_acc(p.x[row_start]) : acc_t(0);
+      const acc_t shift = CENTERED && row_ok && p.N > 0
+                              ? to_acc(normalized_input(p.x, p.residual, row_start))
+                              : acc_t(0);
 
       acc_t mean_s = 0, rstd = 0;
-      if (p.mode != kApply) {
+      if (p.mode != kApply && !CENTERED) {
+        // RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps).
+        acc_t sum_sq = 0, unused = 0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          if (i < valid) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              const acc_t v = to_acc(xs[i].v[e]);
+              sum_sq = fma_acc(v, v, sum_sq);
+            }
+          }
+        }
+        row_sum2<Layout::kWarps>(sum_sq, unused, red[parity][slot]);
+        if constexpr (CLUSTER) {
+          cluster_sum2(sum_sq, unused, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+        }
+        parity ^= 1;
+        if (p.mode == kPartial) {
+          if (row_ok && tid == 0) {
+            acc_t* out = p.partial + (row * p.chunks + c) * 3;
+            out[0] = sum_sq;
+            out[1] = out[2] = 0;
+          }
+          continue;
+        }
+        // An empty row has mean(x^2) = 0, as on the CPU (not 0 / 0).
+        rstd = inverse_sqrt((p.N > 0 ? sum_sq / acc_t(p.N) : acc_t(0)) + p.eps);
+        if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) p.rstd[row] = rstd;
+      } else if (p.mode != kApply) {
         // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
         // packs in order, so every update's 1/count is a compile-time constant.
         constexpr int kLanes = kWelfordLanes<VEC>;
@@ -436,7 +495,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           p.rstd[row] = rstd;
         }
       } else if (row_ok) {
-        mean_s = p.shifted_mean[row];
+        if constexpr (CENTERED) mean_s = p.shifted_mean[row];
         rstd = p.rstd[row];
       }
 
@@ -500,11 +559,12 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 
 // Per row: merges the chunks' summaries (in chunk order within each lane, then a fixed
 // tree over lanes) and writes mean, rstd and the shifted mean for the apply pass. A warp
-// per row.
-template <typename T>
+// per row. Not centered (RMSNorm): adds the chunks' sums of squares (the same fixed order)
+// and writes rstd only.
+template <typename T, bool CENTERED>
 __global__ void __launch_bounds__(128)
-    layer_norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, int64_t M,
-                                  int64_t N, int64_t chunks, acc_type_t<T> eps,
+    layer_norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, const T* residual,
+                                  int64_t M, int64_t N, int64_t chunks, acc_type_t<T> eps,
                                   acc_type_t<T>* mean, acc_type_t<T>* rstd,
                                   acc_type_t<T>* shifted_mean) {
   using acc_t = acc_type_t<T>;
@@ -512,21 +572,28 @@ __global__ void __launch_bounds__(128)
   const int lane = threadIdx.x % kWarpSize;
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
        row += int64_t(gridDim.x) * kRowsPerBlock) {
-    WelfordState<acc_t> s;
-    for (int64_t c = lane; c < chunks; c += kWarpSize) {
-      const acc_t* in = partial + (row * chunks + c) * 3;
-      WelfordState<acc_t> t;
-      t.mean = in[0];
-      t.m2 = in[1];
-      t.count = in[2];
-      s.merge(t);
-    }
-    s = warp_merge(s);
-    if (lane == 0) {
-      const acc_t shift = to_acc(x[row * N]);
-      mean[row] = shift + s.mean;
-      rstd[row] = inverse_sqrt(s.variance() + eps);
-      shifted_mean[row] = s.mean;
+    if constexpr (!CENTERED) {
+      acc_t sum_sq = 0;
+      for (int64_t c = lane; c < chunks; c += kWarpSize) sum_sq += partial[(row * chunks + c) * 3];
+      sum_sq = warp_sum(sum_sq);
+      if (lane == 0) rstd[row] = inverse_sqrt(sum_sq / acc_t(N) + eps);
+    } else {
+      WelfordState<acc_t> s;
+      for (int64_t c = lane; c < chunks; c += kWarpSize) {
+        const acc_t* in = partial + (row * chunks + c) * 3;
+        WelfordState<acc_t> t;
+        t.mean = in[0];
+        t.m2 = in[1];
+        t.count = in[2];
+        s.merge(t);
+      }
+      s = warp_merge(s);
+      if (lane == 0) {
+        const acc_t shift = to_acc(normalized_input(x, residual, row * N));
+        mean[row] = shift + s.mean;
+        rstd[row] = inverse_sqrt(s.variance() + eps);
+        shifted_mean[row] = s.mean;
+      }
     }
   }
 }
@@ -536,6 +603,9 @@ __global__ void __launch_bounds__(128)
 //
 //   xhat = (x - mean) * rstd,  g = dy * w
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum(dy * xhat),  db = sum(dy)
+//
+// RMSNorm (not CENTERED): mean = 0 and no mean(g) term, no db; with a residual, grad_sum
+// (the gradient of the forward's sum output) is added to dx before its one rounding.
 //
 // Each thread keeps fp32 sums of dy * xhat and dy for its own columns over all the rows its
 // block handles; at the end the block's row slots are added in slot order and the block
@@ -565,6 +635,14 @@ template <typename T, int TPR, int ITEMS>
 constexpr int kBwdMinBlocks =
     std::max(1, kBwdThreadsPerSm<T, TPR, ITEMS> / RowLayout<TPR>::kBlock);
 
+// Whether a backward kernel adds grad_sum: all RMSNorm kernels, and LayerNorm's one-element
+// kernels only. In LayerNorm's 16-byte kernels the grad_sum packs (with the dbias sums)
+// made the 16-bit buckets of 4 packs spill at 128 registers, so LayerNorm with a grad_sum
+// takes the one-element packs (norm_bwd_impl) and its vector kernels stay as they were.
+template <bool CENTERED, int VEC>
+constexpr bool kBwdGradSum = !CENTERED || VEC == 1;
+
+
 template <typename T, typename P>
 struct BwdParams {
   using acc_t = acc_type_t<T>;
@@ -573,6 +651,7 @@ struct BwdParams {
   const acc_t* mean;
   const acc_t* rstd;
   const P* weight;  // nullable
+  const T* grad_sum;  // nullable: added to dx
   T* dx;
   // Parameter-gradient partials: one row per block of grid.x, rows part_stride apart in one
   // buffer (dweight's N columns, then dbias's), so that one launch sums both.
@@ -589,7 +668,8 @@ struct BwdParams {
 // At most 128 registers per thread (16 warps per multiprocessor): without the bound, the
 // 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sum2).
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
+          bool CENTERED = true>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR, ITEMS>))
     layer_norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
@@ -660,7 +740,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
           valid = i + 1;
         }
       }
-      const acc_t mean = row_ok ? p.mean[row] : acc_t(0);
+      const acc_t mean = CENTERED && row_ok ? p.mean[row] : acc_t(0);
       const acc_t rstd = row_ok ? p.rstd[row] : acc_t(0);
 
       acc_t mean_g = 0, mean_gx = 0;
@@ -700,10 +780,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
           }
           continue;
         }
-        mean_g = sum_g / acc_t(p.N);
+        mean_g = CENTERED ? sum_g / acc_t(p.N) : acc_t(0);
         mean_gx = sum_gx / acc_t(p.N);
       } else if (row_ok) {
-        mean_g = p.row_coef[2 * row];
+        mean_g = CENTERED ? p.row_coef[2 * row] : acc_t(0);
         mean_gx = p.row_coef[2 * row + 1];
       }
 
@@ -711,15 +791,19 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
       for (int i = 0; i < ITEMS; ++i) {
         if (i < valid) {
           const int off = (i * TPR + tid) * VEC;
-          Pack<T, VEC> out;
+          Pack<T, VEC> out, gsum;
+          const bool has_gsum = kBwdGradSum<CENTERED, VEC> && p.grad_sum != nullptr;
+          if (has_gsum) gsum = load_pack<VEC>(p.grad_sum + base + off);
           const auto apply = [&](auto g) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
               const acc_t xhat = (to_acc(xs[i].v[e]) - mean) * rstd;
               const acc_t d = to_acc(dys[i].v[e]);
-              out.v[e] = static_cast<T>(rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g));
+              acc_t v = rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g);
+              if (has_gsum) v += to_acc(gsum.v[e]);  // (a branch: no -0 + 0 without it)
+              out.v[e] = static_cast<T>(v);
               dw[i][e] = fma_acc(d, xhat, dw[i][e]);
-              db[i][e] += d;
+              if constexpr (CENTERED) db[i][e] += d;
             }
           };
           if (p.weight != nullptr) {
@@ -744,7 +828,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
               mine[e * TPR + tid] = dw[i][e];
-              mine[(VEC + e) * TPR + tid] = db[i][e];
+              if constexpr (CENTERED) mine[(VEC + e) * TPR + tid] = db[i][e];
             }
           }
           __syncthreads();
@@ -754,7 +838,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
 #pragma unroll
               for (int e = 0; e < VEC; ++e) {
                 dw[i][e] += theirs[e * TPR + tid];
-                db[i][e] += theirs[(VEC + e) * TPR + tid];
+                if constexpr (CENTERED) db[i][e] += theirs[(VEC + e) * TPR + tid];
               }
             }
           }
@@ -773,7 +857,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
               b_out.v[e] = db[i][e];
             }
             if (p.dweight_part != nullptr) store_pack<VEC>(p.dweight_part + part_base + off, w_out);
-            if (p.dbias_part != nullptr) store_pack<VEC>(p.dbias_part + part_base + off, b_out);
+            if (CENTERED && p.dbias_part != nullptr) {
+              store_pack<VEC>(p.dbias_part + part_base + off, b_out);
+            }
           }
         }
       }
@@ -876,28 +962,29 @@ dim3 row_grid(int64_t groups, int64_t chunks, int64_t resident_blocks) {
   return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 dim3 fwd_grid(const FwdParams<T, P>& p, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices];
   constexpr int kBlock = RowLayout<TPR>::kBlock;
-  const int per_sm =
-      blocks_per_sm(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS>, kBlock, dev, cache);
+  const int per_sm = blocks_per_sm(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>,
+                                   kBlock, dev, cache);
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
+  launch_kernel(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>, grid,
+                RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
 // build allow it (cluster_launch_ok); returns whether it launched.
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true>;
+  constexpr auto kernel = layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
     return false;
@@ -912,23 +999,25 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
       std::clamp<int64_t>(ceil_div(M, 128 / kWarpSize), 1, int64_t(dev.sm_count) * 16));
 }
 
-template <typename T, typename P>
+template <bool CENTERED, typename T, typename P>
 void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
-  launch_kernel(layer_norm_merge_stats_kernel<T>, warp_per_row_grid(p.M, dev), 128, stream,
-      p.partial, p.x, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd, p.shifted_mean);
+  launch_kernel(layer_norm_merge_stats_kernel<T, CENTERED>, warp_per_row_grid(p.M, dev), 128,
+                stream, p.partial, p.x, p.residual, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
+                p.shifted_mean);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table>
-void run_fwd(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-             cudaStream_t stream) {
+template <typename T, typename P, int VEC, typename Table, bool CENTERED>
+void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
   FwdParams<T, P> p{};
   p.x = a.x;
+  p.residual = a.residual;
   p.weight = a.weight;
   p.bias = a.bias;
   p.y = a.y;
+  p.sum = a.sum;
   p.mean = a.mean;
   p.rstd = a.rstd;
   p.M = a.M;
@@ -939,64 +1028,80 @@ void run_fwd(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    const dim3 grid = fwd_grid<T, P, VEC, kTpr, kItems>(p, dev);
+    const dim3 grid = fwd_grid<T, P, VEC, kTpr, kItems, CENTERED>(p, dev);
     if (split.chunks == 1) {
       p.mode = kFull;
-      launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+      launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
       return;
     }
     // Only the largest bucket is ever cut into chunks (each chunk is more than half of it,
     // and the next bucket holds at most half): the only one with a cluster instantiation.
     if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
       p.mode = kFull;
-      if (try_launch_fwd_cluster<T, P, VEC, kTpr, kItems>(p, grid, dev, stream)) return;
+      if (try_launch_fwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev, stream)) return;
     }
     p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
-    p.shifted_mean = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
+    if (CENTERED) p.shifted_mean = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
     p.mode = kPartial;
-    launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
-    launch_merge_stats(p, dev, stream);
+    launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+    launch_merge_stats<CENTERED>(p, dev, stream);
     p.mode = kApply;
-    launch_fwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+    launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
   });
 }
 
-template <typename T, typename P>
-void layer_norm_fwd_impl(const LayerNormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-                         cudaStream_t stream) {
+// The forward of LayerNorm (CENTERED) or RMSNorm. Every pointer, the residual and the sum
+// included, must be 16-byte aligned for the 16-byte packs (null counts as aligned).
+template <bool CENTERED, typename T, typename P>
+void norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                   cudaStream_t stream) {
   if (a.M == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
-                          is_16b_aligned(a.weight) && is_16b_aligned(a.bias);
+                          is_16b_aligned(a.weight) && is_16b_aligned(a.bias) &&
+                          is_16b_aligned(a.residual) && is_16b_aligned(a.sum);
   if (vectorized) {
-    run_fwd<T, P, kVec<T>, std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>>(
-        a, ws, dev, stream);
+    run_fwd<T, P, kVec<T>, std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>,
+            CENTERED>(a, ws, dev, stream);
   } else {
-    run_fwd<T, P, 1, std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>>(
-        a, ws, dev, stream);
+    run_fwd<T, P, 1, std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>,
+            CENTERED>(a, ws, dev, stream);
   }
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+template <typename T, typename P>
+void layer_norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                         cudaStream_t stream) {
+  norm_fwd_impl<true>(a, ws, dev, stream);
+}
+
+template <typename T, typename P>
+void rms_norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                       cudaStream_t stream) {
+  norm_fwd_impl<false>(a, ws, dev, stream);
+}
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 dim3 bwd_grid(const BwdParams<T, P>& p, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices];
   constexpr int kBlock = RowLayout<TPR>::kBlock;
-  const int per_sm =
-      blocks_per_sm(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS>, kBlock, dev, cache);
+  const int per_sm = blocks_per_sm(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>,
+                                   kBlock, dev, cache);
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS>, grid, RowLayout<TPR>::kBlock, stream, p);
+  launch_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>, grid,
+                RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The chunked backward in one launch of clusters (as try_launch_fwd_cluster).
-template <typename T, typename P, int VEC, int TPR, int ITEMS>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 bool try_launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true>;
+  constexpr auto kernel = layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
     return false;
@@ -1035,9 +1140,8 @@ void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table>
-void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-             cudaStream_t stream) {
+template <typename T, typename P, int VEC, typename Table, bool CENTERED>
+void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
   BwdParams<T, P> p{};
@@ -1046,6 +1150,7 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
   p.mean = a.mean;
   p.rstd = a.rstd;
   p.weight = a.weight;
+  p.grad_sum = a.grad_sum;
   p.dx = a.dx;
   p.M = a.M;
   p.N = a.N;
@@ -1054,7 +1159,7 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    const dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems>(p, dev);
+    const dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems, CENTERED>(p, dev);
     // One partial row per block ([grid.x, grads * N]: dweight's columns, then dbias's).
     const int grads = int(a.dweight != nullptr) + int(a.dbias != nullptr);
     const int64_t part_stride = grads * a.N;
@@ -1072,7 +1177,7 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
     } else if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
       // One clustered launch where possible (see run_fwd: only the largest bucket chunks).
       p.mode = kFull;
-      launched = try_launch_bwd_cluster<T, P, VEC, kTpr, kItems>(p, grid, dev, stream);
+      launched = try_launch_bwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev, stream);
     }
     if (split.chunks > 1 && !launched) {
       const auto param_parts = std::make_pair(p.dweight_part, p.dbias_part);
@@ -1080,13 +1185,13 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
       p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 2 * int64_t(sizeof(acc_t))));
       acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * 2 * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
-      launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+      launch_bwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
       launch_merge_sums(p, row_coef, dev, stream);
       p.row_coef = row_coef;
       p.mode = kApply;
       std::tie(p.dweight_part, p.dbias_part) = param_parts;
     }
-    if (!launched) launch_bwd_rows<T, P, VEC, kTpr, kItems>(p, grid, stream);
+    if (!launched) launch_bwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
     if (grads > 0) {
       // Columns [0, N) go to the first gradient present, [N, 2N) to dbias.
       P* first = a.dweight != nullptr ? a.dweight : a.dbias;
@@ -1099,18 +1204,33 @@ void run_bwd(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
 template <typename T>
 using BwdVecBuckets = std::conditional_t<sizeof(T) == 2, BwdVecBuckets16, BwdVecBuckets32>;
 
-template <typename T, typename P>
-void layer_norm_bwd_impl(const LayerNormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-                         cudaStream_t stream) {
+// The backward of LayerNorm (CENTERED) or RMSNorm (then a.mean and a.dbias are unused).
+template <bool CENTERED, typename T, typename P>
+void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                   cudaStream_t stream) {
   // M == 0 (gradients are zeros) and N == 0 (nothing to compute) are settled by the caller.
   if (a.M == 0 || a.N == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.dy) &&
-                          is_16b_aligned(a.dx) && is_16b_aligned(a.weight);
+                          is_16b_aligned(a.dx) && is_16b_aligned(a.weight) &&
+                          is_16b_aligned(a.grad_sum) &&
+                          (a.grad_sum == nullptr || kBwdGradSum<CENTERED, kVec<T>>);
   if (vectorized) {
-    run_bwd<T, P, kVec<T>, BwdVecBuckets<T>>(a, ws, dev, stream);
+    run_bwd<T, P, kVec<T>, BwdVecBuckets<T>, CENTERED>(a, ws, dev, stream);
   } else {
-    run_bwd<T, P, 1, BwdScalarBuckets>(a, ws, dev, stream);
+    run_bwd<T, P, 1, BwdScalarBuckets, CENTERED>(a, ws, dev, stream);
   }
+}
+
+template <typename T, typename P>
+void layer_norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                         cudaStream_t stream) {
+  norm_bwd_impl<true>(a, ws, dev, stream);
+}
+
+template <typename T, typename P>
+void rms_norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+                       cudaStream_t stream) {
+  norm_bwd_impl<false>(a, ws, dev, stream);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #pragma once
-// The interface between the ATen side of the CUDA LayerNorm (layer_norm.cu: checks, outputs,
-// streams, registration) and its kernels, which are compiled per input dtype in
-// layer_norm_{fwd,bwd}_<dtype>.cu so that the build spreads over several compiler jobs.
+// The interface between the ATen side of the CUDA norm family (layer_norm.cpp: checks,
+// outputs, streams, registration) and its kernels, which are compiled per pass and input
+// dtype in layer_norm_{fwd,bwd}_<dtype>.cu (LayerNorm) and rms_norm_{fwd,bwd}_<dtype>.cu
+// (RMSNorm) so that the build spreads over several compiler jobs.
 // Nothing here needs ATen: raw pointers, sizes and a workspace callback.
 
 #include <c10/util/BFloat16.h>
@@ -34,10 +35,12 @@ struct DeviceInfo {
   int sm_count;
 };
 
-// LayerNorm forward over the rows of a row-major [M, N] x. weight/bias may be null.
-// mean and rstd ([M]) are written for the backward.
+// Norm forward over the rows of a row-major [M, N] x. weight/bias may be null (bias always
+// null for RMSNorm). mean (LayerNorm only; null for RMSNorm) and rstd ([M]) are written for
+// the backward. With a residual (the trailing members, null by default), s = x + residual
+// rounded to T is written to `sum` and normalized.
 template <typename T, typename P>
-struct LayerNormFwdArgs {
+struct NormFwdArgs {
   const T* x;
   const P* weight;
   const P* bias;
@@ -47,12 +50,15 @@ struct LayerNormFwdArgs {
   int64_t M;
   int64_t N;
   double eps;
+  const T* residual = nullptr;
+  T* sum = nullptr;
 };
 
-// LayerNorm backward: dx always; dweight when dweight != nullptr (needs weight), dbias when
-// dbias != nullptr. weight may be null (then dy is not scaled).
+// Norm backward: dx always; dweight when dweight != nullptr (needs weight), dbias when
+// dbias != nullptr (LayerNorm only). weight may be null (then dy is not scaled). mean is
+// unused (may be null) for RMSNorm. grad_sum, when set, is added to dx before its rounding.
 template <typename T, typename P>
-struct LayerNormBwdArgs {
+struct NormBwdArgs {
   const T* dy;
   const T* x;
   const acc_type_t<T>* mean;
@@ -63,7 +69,13 @@ struct LayerNormBwdArgs {
   P* dbias;
   int64_t M;
   int64_t N;
+  const T* grad_sum = nullptr;
 };
+
+template <typename T, typename P>
+using LayerNormFwdArgs = NormFwdArgs<T, P>;
+template <typename T, typename P>
+using LayerNormBwdArgs = NormBwdArgs<T, P>;
 
 // One overload per (input dtype, parameter dtype) pair that checks.h allows; each is
 // defined in layer_norm_{fwd,bwd}_<input dtype>.cu. They enqueue work on `stream` and
@@ -81,5 +93,21 @@ void layer_norm_bwd_cuda(const LayerNormBwdArgs<c10::Half, c10::Half>&, Workspac
 void layer_norm_bwd_cuda(const LayerNormBwdArgs<c10::Half, float>&, Workspace&, DeviceInfo, cudaStream_t);
 void layer_norm_bwd_cuda(const LayerNormBwdArgs<c10::BFloat16, c10::BFloat16>&, Workspace&, DeviceInfo, cudaStream_t);
 void layer_norm_bwd_cuda(const LayerNormBwdArgs<c10::BFloat16, float>&, Workspace&, DeviceInfo, cudaStream_t);
+
+// RMSNorm (mean(x^2), no mean, no bias), in rms_norm_{fwd,bwd}_<input dtype>.cu. The
+// LayerNorm entries above take the residual / grad_sum too.
+void rms_norm_fwd_cuda(const NormFwdArgs<float, float>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_fwd_cuda(const NormFwdArgs<double, double>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_fwd_cuda(const NormFwdArgs<c10::Half, c10::Half>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_fwd_cuda(const NormFwdArgs<c10::Half, float>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_fwd_cuda(const NormFwdArgs<c10::BFloat16, c10::BFloat16>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_fwd_cuda(const NormFwdArgs<c10::BFloat16, float>&, Workspace&, DeviceInfo, cudaStream_t);
+
+void rms_norm_bwd_cuda(const NormBwdArgs<float, float>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_bwd_cuda(const NormBwdArgs<double, double>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_bwd_cuda(const NormBwdArgs<c10::Half, c10::Half>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_bwd_cuda(const NormBwdArgs<c10::Half, float>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_bwd_cuda(const NormBwdArgs<c10::BFloat16, c10::BFloat16>&, Workspace&, DeviceInfo, cudaStream_t);
+void rms_norm_bwd_cuda(const NormBwdArgs<c10::BFloat16, float>&, Workspace&, DeviceInfo, cudaStream_t);
 
 }  // namespace fusednorm::cuda

@@ -1,8 +1,10 @@
-// Runs fusednorm's CUDA LayerNorm launchers and kernels (csrc/cuda/layer_norm_kernels.cuh)
-// on the emulated GPU of emu_runtime.h and checks every output against a float64 reference
-// computed here. Reads cases from stdin, one per line:
+// Runs fusednorm's CUDA norm-family launchers and kernels (csrc/cuda/layer_norm_kernels.cuh:
+// LayerNorm and RMSNorm, with or without a residual) on the emulated GPU of emu_runtime.h
+// and checks every output against a float64 reference computed here. Reads cases from
+// stdin, one per line:
 //
 //   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters]
+//            [rms] [res | resmis]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -10,7 +12,10 @@
 // the fibers of a block and the blocks run in); sm_count: the multiprocessors the launchers
 // size their grids for (default 2; each is told 2 resident blocks); clusters: let the
 // launchers use thread-block clusters for chunked rows, as on sm_90 (default: not, as
-// before sm_90). Prints "ok <case> | launches L clustered C" (the kernel launches the case
+// before sm_90); rms: RMSNorm (affine w or none) instead of LayerNorm; res: a residual
+// (forward: s = x + residual is written and normalized; backward: grad_sum added to dx),
+// placed like x; resmis: the same, with the residual / grad_sum one element past 16-byte
+// alignment while x is not moved. Prints "ok <case> | launches L clustered C" (the kernel launches the case
 // made, and how many of them in clusters) or "FAIL <case>: why" per line; exits 1 if any
 // failed. Emulation errors (barrier misuse, misaligned vector access, out-of-bounds access)
 // abort with a message.
@@ -69,6 +74,9 @@ struct Case {
   int x_misalign = 0, p_misalign = 0;
   std::string order;
   std::string text;
+  bool centered = true;  // LayerNorm; false: RMSNorm
+  bool residual = false;  // forward residual / backward grad_sum
+  int r_misalign = 0;     // bytes: the residual's / grad_sum's start (else x_misalign's)
 };
 
 // A buffer of n values of T, starting `misalign` bytes past a 256-byte boundary, from
@@ -113,7 +121,7 @@ int64_t compare(const char* what, const Buffer& got, const std::vector<double>& 
 }
 
 struct Data {
-  std::vector<double> x, dy, w, b;
+  std::vector<double> x, dy, w, b, r;  // r: the residual (forward) or grad_sum (backward)
 };
 
 template <typename T, typename P>
@@ -133,6 +141,11 @@ Data make_data(const Case& c) {
   for (double& v : d.dy) v = normal(rng);
   for (double& v : d.w) v = 1 + 0.5 * normal(rng);
   for (double& v : d.b) v = 0.5 * normal(rng);
+  if (c.residual) {
+    d.r.resize(d.x.size());
+    for (double& v : d.r) v = 1.5 * normal(rng);
+    d.r = rounded<T>(d.r);
+  }
   d.x = rounded<T>(d.x);
   d.dy = rounded<T>(d.dy);
   d.w = rounded<P>(d.w);
@@ -148,24 +161,37 @@ std::string run_fwd(const Case& c) {
   const bool has_b = c.affine == "wb" || c.affine == "b";
   Buffer x = upload<T>(d.x, c.x_misalign);
   Buffer w = upload<P>(d.w, c.p_misalign), b = upload<P>(d.b, c.p_misalign);
+  Buffer res = upload<T>(c.residual ? d.r : std::vector<double>(1), c.r_misalign);
   Buffer y = Buffer::make(d.x.size() * sizeof(T));
+  Buffer sum = Buffer::make(std::max<std::size_t>(d.r.size(), 1) * sizeof(T), std::size_t(c.r_misalign));
   Buffer mean = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
   Buffer rstd = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
-  LayerNormFwdArgs<T, P> a{x.as<T>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
-                           y.as<T>(), mean.as<acc_t>(), rstd.as<acc_t>(), c.M, c.N, 1e-5};
+  NormFwdArgs<T, P> a{x.as<T>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
+                      y.as<T>(), c.centered ? mean.as<acc_t>() : nullptr, rstd.as<acc_t>(),
+                      c.M, c.N, 1e-5, c.residual ? res.as<T>() : nullptr,
+                      c.residual ? sum.as<T>() : nullptr};
   GuardedWorkspace ws;
-  layer_norm_fwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  if (c.centered) {
+    layer_norm_fwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  } else {
+    rms_norm_fwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  }
   ws.check();
-  for (const Buffer* buf : {&x, &w, &b, &y, &mean, &rstd}) buf->check_canary("an argument");
+  for (const Buffer* buf : {&x, &w, &b, &res, &y, &sum, &mean, &rstd}) buf->check_canary("an argument");
 
-  // float64 reference
+  // float64 reference, on s = x + residual rounded to T (exact in double, then one rounding)
+  std::vector<double> s_ref = d.x;
+  if (c.residual) {
+    for (std::size_t i = 0; i < s_ref.size(); ++i) s_ref[i] = d.x[i] + d.r[i];
+    s_ref = rounded<T>(s_ref);
+  }
   std::vector<double> ref_y(d.x.size()), ref_mean(std::size_t(c.M)), ref_rstd(std::size_t(c.M));
   std::vector<double> y_scale(d.x.size());
   for (int64_t r = 0; r < c.M; ++r) {
-    const double* xr = &d.x[r * c.N];
+    const double* xr = &s_ref[r * c.N];
     double s = 0;
     for (int64_t j = 0; j < c.N; ++j) s += xr[j];
-    const double mu = s / double(c.N);
+    const double mu = c.centered ? s / double(c.N) : 0.0;
     double v = 0;
     for (int64_t j = 0; j < c.N; ++j) v += (xr[j] - mu) * (xr[j] - mu);
     v /= double(c.N);
@@ -182,7 +208,9 @@ std::string run_fwd(const Case& c) {
   const double tol = acc_tolerance<T>(), ulp = unit_roundoff<T>();
   std::string why;
   if (compare<T>("y", y, ref_y, [&](std::size_t i) { return 2 * ulp * std::abs(ref_y[i]) + subnormal_step<T>() + tol * y_scale[i]; }, why)) return why;
-  if (compare<acc_t>("mean", mean, ref_mean, [&](std::size_t r) { return tol * (std::abs(ref_mean[r]) + 1 / ref_rstd[r]); }, why)) return why;
+  // The sum output is exact: one rounding of x + residual, as the reference.
+  if (c.residual && compare<T>("sum", sum, s_ref, [](std::size_t) { return 0.0; }, why)) return why;
+  if (c.centered && compare<acc_t>("mean", mean, ref_mean, [&](std::size_t r) { return tol * (std::abs(ref_mean[r]) + 1 / ref_rstd[r]); }, why)) return why;
   if (compare<acc_t>("rstd", rstd, ref_rstd, [&](std::size_t r) { return tol * ref_rstd[r]; }, why)) return why;
   return "";
 }
@@ -198,7 +226,7 @@ std::string run_bwd(const Case& c) {
   for (int64_t r = 0; r < c.M; ++r) {
     double s = 0, v = 0;
     for (int64_t j = 0; j < c.N; ++j) s += d.x[r * c.N + j];
-    s /= double(c.N);
+    s = c.centered ? s / double(c.N) : 0.0;  // RMSNorm: v below is then mean(x^2)
     for (int64_t j = 0; j < c.N; ++j) v += (d.x[r * c.N + j] - s) * (d.x[r * c.N + j] - s);
     mu[r] = double(acc_t(s));
     rs[r] = double(acc_t(1 / std::sqrt(v / double(c.N) + 1e-5)));
@@ -206,15 +234,21 @@ std::string run_bwd(const Case& c) {
   Buffer x = upload<T>(d.x, c.x_misalign), dy = upload<T>(d.dy, c.x_misalign);
   Buffer w = upload<P>(d.w, c.p_misalign);
   Buffer mean = upload<acc_t>(mu, 0), rstd = upload<acc_t>(rs, 0);
+  Buffer gsum = upload<T>(c.residual ? d.r : std::vector<double>(1), c.r_misalign);
   Buffer dx = Buffer::make(d.x.size() * sizeof(T));
   Buffer dw = Buffer::make(std::size_t(c.N) * sizeof(P)), db = Buffer::make(std::size_t(c.N) * sizeof(P));
-  LayerNormBwdArgs<T, P> a{dy.as<T>(), x.as<T>(), mean.as<acc_t>(), rstd.as<acc_t>(),
-                           has_w ? w.as<P>() : nullptr, dx.as<T>(), has_w ? dw.as<P>() : nullptr,
-                           has_b ? db.as<P>() : nullptr, c.M, c.N};
+  NormBwdArgs<T, P> a{dy.as<T>(), x.as<T>(), c.centered ? mean.as<acc_t>() : nullptr,
+                      rstd.as<acc_t>(), has_w ? w.as<P>() : nullptr, dx.as<T>(),
+                      has_w ? dw.as<P>() : nullptr, has_b ? db.as<P>() : nullptr, c.M, c.N,
+                      c.residual ? gsum.as<T>() : nullptr};
   GuardedWorkspace ws;
-  layer_norm_bwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  if (c.centered) {
+    layer_norm_bwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  } else {
+    rms_norm_bwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  }
   ws.check();
-  for (const Buffer* buf : {&x, &dy, &w, &mean, &rstd, &dx, &dw, &db}) buf->check_canary("an argument");
+  for (const Buffer* buf : {&x, &dy, &w, &mean, &rstd, &gsum, &dx, &dw, &db}) buf->check_canary("an argument");
 
   std::vector<double> ref_dx(d.x.size()), dx_scale(d.x.size());
   std::vector<double> ref_dw(std::size_t(c.N), 0), ref_db(std::size_t(c.N), 0);
@@ -234,8 +268,10 @@ std::string run_bwd(const Case& c) {
       const std::size_t i = std::size_t(r * c.N + j);
       const double xhat = (d.x[i] - mu[r]) * rs[r];
       const double g = d.dy[i] * (has_w ? d.w[j] : 1);
-      ref_dx[i] = rs[r] * (g - sum_g / n - xhat * sum_gx / n);
-      dx_scale[i] = rs[r] * (std::abs(g) + abs_g / n + std::abs(xhat) * (abs_gx / n + 1));
+      const double mean_g = c.centered ? sum_g / n : 0.0;  // RMSNorm: no mean(g) term
+      const double gs = c.residual ? d.r[i] : 0.0;
+      ref_dx[i] = rs[r] * (g - mean_g - xhat * sum_gx / n) + gs;
+      dx_scale[i] = rs[r] * (std::abs(g) + abs_g / n + std::abs(xhat) * (abs_gx / n + 1)) + std::abs(gs);
       ref_dw[j] += d.dy[i] * xhat;
       ref_db[j] += d.dy[i];
       dw_scale[j] += std::abs(d.dy[i] * xhat);
@@ -286,13 +322,25 @@ int main() {
     for (std::string extra; parsed && in >> extra;) {
       if (extra == "clusters") {
         clusters = true;
+      } else if (extra == "rms") {
+        c.centered = false;
+      } else if (extra == "res") {
+        c.residual = true;
+      } else if (extra == "resmis") {
+        c.residual = true;
+        c.r_misalign = -1;  // one element of T, set below
       } else {
         sms = std::atoi(extra.c_str());
       }
     }
+    if (c.residual) {
+      const int elem = c.t == "f64" ? 8 : c.t == "f32" ? 4 : 2;
+      c.r_misalign = c.r_misalign < 0 ? (c.x_misalign + elem) % 16 : c.x_misalign;
+    }
+    const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b");
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
-    if (!parsed || sms < 1) {
+    if (!parsed || sms < 1 || rms_bias) {
       std::cout << "FAIL " << line << ": cannot parse" << std::endl;
       ++failed;
       continue;
