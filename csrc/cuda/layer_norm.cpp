@@ -74,83 +74,6 @@ DeviceInfo device_info(const at::Tensor& t) {
   return {index, sm_count};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  check_on_cuda(input, "input");
-  check_layer_norm_fwd_args(input, weight, bias, eps);
-  const c10::cuda::OptionalCUDAGuard guard(input.device());
-  const int64_t M = input.size(0), N = input.size(1);
-  at::Tensor out = at::empty_like(input);
-  const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
-  at::Tensor mean = at::empty({M}, stats_options);
-  at::Tensor rstd = at::empty({M}, stats_options);
-  if (M == 0) return {out, mean, rstd};
-
-  TensorWorkspace workspace(input);
-  const DeviceInfo dev = device_info(input);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input),
-      [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
-        using P = decltype(param_tag);
-        using acc_t = acc_type_t<T>;
-        const LayerNormFwdArgs<T, P> args{
-            input.const_data_ptr<T>(), data_or_null<P>(weight), data_or_null<P>(bias),
-            out.mutable_data_ptr<T>(), mean.mutable_data_ptr<acc_t>(),
-            rstd.mutable_data_ptr<acc_t>(), M, N, eps};
-        layer_norm_fwd_cuda(args, workspace, dev, stream);
-      });
-  return {out, mean, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
-    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias) {
-  check_on_cuda(input, "input");
-  check_layer_norm_bwd_args(grad_out, input, mean, rstd, weight, bias);
-  const c10::cuda::OptionalCUDAGuard guard(input.device());
-  const int64_t M = input.size(0), N = input.size(1);
-  at::Tensor grad_input = at::empty_like(input);
-  at::Tensor grad_weight =
-      present(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
-  at::Tensor grad_bias =
-      present(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
-  if (M == 0) {
-    // No rows: the parameter gradients are empty sums.
-    grad_weight.zero_();
-    grad_bias.zero_();
-    return {grad_input, grad_weight, grad_bias};
-  }
-  if (N == 0) return {grad_input, grad_weight, grad_bias};
-
-  TensorWorkspace workspace(input);
-  const DeviceInfo dev = device_info(input);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input),
-      [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
-        using P = decltype(param_tag);
-        using acc_t = acc_type_t<T>;
-        const LayerNormBwdArgs<T, P> args{
-            grad_out.const_data_ptr<T>(),
-            input.const_data_ptr<T>(),
-            mean.const_data_ptr<acc_t>(),
-            rstd.const_data_ptr<acc_t>(),
-            data_or_null<P>(weight),
-            grad_input.mutable_data_ptr<T>(),
-            present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
-            present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
-            M,
-            N};
-        layer_norm_bwd_cuda(args, workspace, dev, stream);
-      });
-  return {grad_input, grad_weight, grad_bias};
-}
-
 // norm_fwd: outputs as the CPU entry's (csrc/cpu/norm.cpp): sum is [0] without a residual,
 // mean is [0] for RMSNorm (centered = false).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
@@ -243,6 +166,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
         }
       });
   return {grad_input, grad_weight, grad_bias};
+}
+
+// LayerNorm alone: the norm_fwd / norm_bwd entries with centered = true and no residual
+// (the same kernels, as on the CPU).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  auto [out, sum, mean, rstd] = norm_fwd(input, std::nullopt, weight, bias, eps, true);
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias) {
+  return norm_bwd(grad_out, std::nullopt, input, mean, rstd, weight, bias, true);
 }
 
 }  // namespace
