@@ -24,6 +24,7 @@
 #include "common/dispatch.h"
 #include "common/gelu.h"
 #include "common/gelu_ffn_checks.h"
+#include "cpu/partials.h"
 #include "cpu/vec_io.h"
 
 namespace fusednorm::cpu {
@@ -178,15 +179,6 @@ void gelu_rows(const T* h, T* a, int64_t M, int64_t H) {
   });
 }
 
-// Row blocks whose bias-gradient partials are summed at the end. The split depends on the
-// shape only, never on the thread count, so the gradients are bitwise reproducible.
-int64_t num_partial_blocks(int64_t M, int64_t cols) {
-  constexpr int64_t kMaxBlocks = 64;
-  constexpr int64_t kPartialBudget = int64_t(1) << 22;  // elements of all partials
-  const int64_t by_memory = std::max<int64_t>(1, kPartialBudget / std::max<int64_t>(cols, 1));
-  return std::max<int64_t>(1, std::min({M, kMaxBlocks, by_memory}));
-}
-
 // The backward's pass over one row: a = gelu(h), dh = dg * gelu'(h) (dg_dh holds dg and
 // receives dh), and the row's dh added to part1 (kBias1), in float before rounding.
 template <typename T, GeluKind kind, bool kBias1>
@@ -261,18 +253,6 @@ void dgelu_rows(const T* h, T* dg_dh, T* a, const T* dy, acc_type<T>* part1,
   });
 }
 
-// out[j] = sum over blocks of partial[b, j], in block order.
-template <typename acc_t, typename T>
-void reduce_partials(const acc_t* partial, int64_t blocks, int64_t cols, T* out) {
-  at::parallel_for(0, cols, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      acc_t sum = 0;
-      for (int64_t b = 0; b < blocks; ++b) sum += partial[b * cols + j];
-      out[j] = static_cast<T>(sum);
-    }
-  });
-}
-
 std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const at::Tensor& weight1,
                                                 const std::optional<at::Tensor>& bias1,
                                                 const at::Tensor& weight2,
@@ -322,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
   at::mm_out(grad_hidden, grad_out, weight2);
 
   // With no rows the partials are an empty sum: the bias gradients are zeros.
-  const int64_t blocks = M > 0 ? num_partial_blocks(M, H + N) : 0;
+  const int64_t blocks = M > 0 ? num_row_blocks(M, H + N) : 0;
   const auto acc_options = options.dtype(stats_dtype(input.scalar_type()));
   at::Tensor part1 = at::empty({has_bias1 ? blocks : 0, H}, acc_options);
   at::Tensor part2 = at::empty({has_bias2 ? blocks : 0, N}, acc_options);
@@ -343,12 +323,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
       });
     }
     if (has_bias1) {
-      reduce_partials(part1.const_data_ptr<acc_t>(), part1.size(0), H,
-                      grad_bias1.mutable_data_ptr<scalar_t>());
+      sum_partials(part1.const_data_ptr<acc_t>(), part1.size(0), H,
+                   grad_bias1.mutable_data_ptr<scalar_t>());
     }
     if (has_bias2) {
-      reduce_partials(part2.const_data_ptr<acc_t>(), part2.size(0), N,
-                      grad_bias2.mutable_data_ptr<scalar_t>());
+      sum_partials(part2.const_data_ptr<acc_t>(), part2.size(0), N,
+                   grad_bias2.mutable_data_ptr<scalar_t>());
     }
   });
   at::Tensor grad_weight2 = at::mm(grad_out.t(), act);

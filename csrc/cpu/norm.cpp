@@ -24,6 +24,13 @@ const P* data_or_null(const OptTensor& t) {
   return given(t) ? t->const_data_ptr<P>() : nullptr;
 }
 
+// A parameter in the accumulation type: float16/bfloat16 weights are widened once per call
+// (N values), so that the kernels' inner loops never convert them.
+OptTensor in_acc_type(const OptTensor& param, at::ScalarType acc) {
+  if (!given(param) || param->scalar_type() == acc) return param;
+  return param->to(acc);
+}
+
 template <typename T>
 T* data_or_null(const at::Tensor& t) {
   return t.numel() > 0 ? t.mutable_data_ptr<T>() : nullptr;
@@ -49,21 +56,22 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
   at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
   at::Tensor rstd = at::empty({M}, stats_options);
   if (M == 0) return {out, sum, mean, rstd};
-  dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
-        using P = decltype(param_tag);
-        using acc_t = acc_type<T>;
-        const NormFwdArgs<T, P, acc_t> args{
-            input.const_data_ptr<T>(), data_or_null<T>(residual), data_or_null<P>(weight),
-            data_or_null<P>(bias),     out.mutable_data_ptr<T>(),  data_or_null<T>(sum),
-            data_or_null<acc_t>(mean), rstd.mutable_data_ptr<acc_t>(), M, N,
-            static_cast<acc_t>(eps)};
-        dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
-          norm_fwd_rows<T, P, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(
-              args);
-        });
-      });
+  const auto acc_dtype = stats_dtype(input.scalar_type());
+  const OptTensor weight_acc = in_acc_type(weight, acc_dtype), bias_acc = in_acc_type(bias, acc_dtype);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "norm_fwd", [&] {
+    using T = scalar_t;
+    using acc_t = acc_type<T>;
+    const NormFwdArgs<T, acc_t> args{
+        input.const_data_ptr<T>(),       data_or_null<T>(residual),
+        data_or_null<acc_t>(weight_acc), data_or_null<acc_t>(bias_acc),
+        out.mutable_data_ptr<T>(),       data_or_null<T>(sum),
+        data_or_null<acc_t>(mean),       rstd.mutable_data_ptr<acc_t>(),
+        M,                               N,
+        static_cast<acc_t>(eps)};
+    dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
+      norm_fwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(args);
+    });
+  });
   return {out, sum, mean, rstd};
 }
 
@@ -78,10 +86,12 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
       given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
   at::Tensor grad_bias =
       given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
-  const auto acc_options = input.options().dtype(stats_dtype(input.scalar_type()));
-  const int64_t blocks = param_grads && M > 0 ? num_param_grad_blocks(M, N) : 0;
+  const auto acc_dtype = stats_dtype(input.scalar_type());
+  const auto acc_options = input.options().dtype(acc_dtype);
+  const int64_t blocks = param_grads && M > 0 ? num_row_blocks(M, N) : 0;
   at::Tensor partial_w = at::empty({blocks, N}, acc_options);
   at::Tensor partial_b = at::empty({centered ? blocks : 0, N}, acc_options);
+  const OptTensor weight_acc = in_acc_type(weight, acc_dtype);
 
   dispatch_input_and_param(
       input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
@@ -89,14 +99,14 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         using P = decltype(param_tag);
         using acc_t = acc_type<T>;
         if (M > 0) {
-          const NormBwdArgs<T, P, acc_t> args{
+          const NormBwdArgs<T, acc_t> args{
               grad_out.const_data_ptr<T>(), data_or_null<T>(grad_sum),
               input.const_data_ptr<T>(),    centered ? mean.const_data_ptr<acc_t>() : nullptr,
-              rstd.const_data_ptr<acc_t>(), data_or_null<P>(weight),
+              rstd.const_data_ptr<acc_t>(), data_or_null<acc_t>(weight_acc),
               grad_input.mutable_data_ptr<T>(), M, N};
           dispatch_bools(centered, given(weight), [&](auto c, auto w) {
             dispatch_bool(param_grads, [&](auto grads) {
-              norm_bwd_rows<T, P, acc_t, decltype(c)::value, decltype(w)::value,
+              norm_bwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value,
                             decltype(grads)::value>(args, data_or_null<acc_t>(partial_w),
                                                     data_or_null<acc_t>(partial_b), blocks);
             });
@@ -104,12 +114,12 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         }
         // With no rows, the partials are an empty sum: the gradients are zeros.
         if (given(weight)) {
-          reduce_partials<acc_t, P>(partial_w.const_data_ptr<acc_t>(), blocks, N,
-                                    grad_weight.mutable_data_ptr<P>());
+          sum_partials<acc_t, P>(partial_w.const_data_ptr<acc_t>(), blocks, N,
+                                 grad_weight.mutable_data_ptr<P>());
         }
         if (given(bias)) {
-          reduce_partials<acc_t, P>(partial_b.const_data_ptr<acc_t>(), blocks, N,
-                                    grad_bias.mutable_data_ptr<P>());
+          sum_partials<acc_t, P>(partial_b.const_data_ptr<acc_t>(), blocks, N,
+                                 grad_bias.mutable_data_ptr<P>());
         }
       });
   return {grad_input, grad_weight, grad_bias};
@@ -137,18 +147,18 @@ at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
   const int64_t M = input.size(0), N = input.size(1);
   at::Tensor out = at::empty_like(input);
   if (out.numel() == 0) return out;
-  dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
-        using P = decltype(param_tag);
-        using acc_t = acc_type<T>;
-        dispatch_bools(given(weight), given(bias), [&](auto w, auto b) {
-          norm_apply_rows<T, P, acc_t, decltype(w)::value, decltype(b)::value>(
-              input.const_data_ptr<T>(), mean.const_data_ptr<acc_t>(),
-              rstd.const_data_ptr<acc_t>(), data_or_null<P>(weight), data_or_null<P>(bias),
-              out.mutable_data_ptr<T>(), M, N);
-        });
-      });
+  const auto acc = stats_dtype(input.scalar_type());
+  const OptTensor weight_acc = in_acc_type(weight, acc), bias_acc = in_acc_type(bias, acc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "norm_apply", [&] {
+    using T = scalar_t;
+    using acc_t = acc_type<T>;
+    dispatch_bools(given(weight), given(bias), [&](auto w, auto b) {
+      norm_apply_rows<T, acc_t, decltype(w)::value, decltype(b)::value>(
+          input.const_data_ptr<T>(), mean.const_data_ptr<acc_t>(), rstd.const_data_ptr<acc_t>(),
+          data_or_null<acc_t>(weight_acc), data_or_null<acc_t>(bias_acc),
+          out.mutable_data_ptr<T>(), M, N);
+    });
+  });
   return out;
 }
 

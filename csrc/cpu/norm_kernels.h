@@ -4,7 +4,8 @@
 // (s = input + residual, rounded to the input's dtype and written out, then normalized).
 // Rows run in parallel (at::parallel_for), each row vectorized (at::vec), statistics in
 // float (double for double inputs). One template per sweep; the variants are compile-time
-// flags, so no per-element branch remains.
+// flags, so no per-element branch remains. Weight and bias arrive in the accumulation type:
+// the host converts float16/bfloat16 parameters once per call, not once per row.
 
 #include <ATen/Parallel.h>
 
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "common/welford.h"
+#include "cpu/partials.h"
 #include "cpu/vec_io.h"
 
 namespace fusednorm::cpu {
@@ -119,11 +121,11 @@ acc_t row_mean_square(const T* x, int64_t N) {
 
 // y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
 // shift = mean = 0 for RMSNorm): one rounding to T at the store.
-template <typename T, typename P, typename acc_t, bool kWeight, bool kBias>
+template <typename T, typename acc_t, bool kWeight, bool kBias>
 void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
-                   const P* weight, const P* bias, bool stream) {
+                   const acc_t* weight, const acc_t* bias, bool stream) {
   using IO = VecIO<T, acc_t>;
-  using ParamIO = VecIO<P, acc_t>;
+  using ParamIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
   static_assert(ParamIO::kWidth == IO::kWidth);
   const Vec vshift(shift), vmean(mean), vrstd(rstd);
@@ -153,8 +155,8 @@ void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t r
   }
   for (int64_t i = vec_end; i < N; ++i) {
     acc_t v = (static_cast<acc_t>(x[i]) - shift - mean) * rstd;
-    if constexpr (kWeight) v *= static_cast<acc_t>(weight[i]);
-    if constexpr (kBias) v += static_cast<acc_t>(bias[i]);
+    if constexpr (kWeight) v *= weight[i];
+    if constexpr (kBias) v += bias[i];
     y[i] = static_cast<T>(v);
   }
 }
@@ -178,12 +180,12 @@ void add_row(const T* a, const T* b, T* s, int64_t N) {
 
 // Pointers of one forward call; residual / sum null without a residual, mean null for
 // RMSNorm, weight / bias null when absent.
-template <typename T, typename P, typename acc_t>
+template <typename T, typename acc_t>
 struct NormFwdArgs {
   const T* x;
   const T* residual;
-  const P* weight;
-  const P* bias;
+  const acc_t* weight;
+  const acc_t* bias;
   T* y;
   T* sum;
   acc_t* mean;
@@ -192,8 +194,8 @@ struct NormFwdArgs {
   acc_t eps;
 };
 
-template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight, bool kBias>
-void norm_fwd_rows(const NormFwdArgs<T, P, acc_t>& a) {
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
+void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const int64_t N = a.N;
   const bool stream = use_streaming_stores(a.M * N * sizeof(T));
   at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
@@ -214,12 +216,12 @@ void norm_fwd_rows(const NormFwdArgs<T, P, acc_t>& a) {
         a.rstd[row] = rstd;
         // x - shift is exact for the values near shift where it matters, so y keeps the
         // precision of the shifted statistics.
-        normalize_row<T, P, acc_t, kWeight, kBias>(xr, yr, N, shift, stats.mean, rstd,
+        normalize_row<T, acc_t, kWeight, kBias>(xr, yr, N, shift, stats.mean, rstd,
                                                    a.weight, a.bias, stream_row);
       } else {
         const acc_t rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(xr, N) + a.eps);
         a.rstd[row] = rstd;
-        normalize_row<T, P, acc_t, kWeight, false>(xr, yr, N, acc_t(0), acc_t(0), rstd,
+        normalize_row<T, acc_t, kWeight, false>(xr, yr, N, acc_t(0), acc_t(0), rstd,
                                                    a.weight, nullptr, stream_row);
       }
     }
@@ -228,12 +230,12 @@ void norm_fwd_rows(const NormFwdArgs<T, P, acc_t>& a) {
 }
 
 // y from given statistics (mean null: RMSNorm), as the forward computes it.
-template <typename T, typename P, typename acc_t, bool kWeight, bool kBias>
-void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const P* weight,
-                     const P* bias, T* y, int64_t M, int64_t N) {
+template <typename T, typename acc_t, bool kWeight, bool kBias>
+void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc_t* weight,
+                     const acc_t* bias, T* y, int64_t M, int64_t N) {
   at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      normalize_row<T, P, acc_t, kWeight, kBias>(x + row * N, y + row * N, N, acc_t(0),
+      normalize_row<T, acc_t, kWeight, kBias>(x + row * N, y + row * N, N, acc_t(0),
                                                  mean ? mean[row] : acc_t(0), rstd[row],
                                                  weight, bias, false);
     }
@@ -242,11 +244,11 @@ void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const P* 
 
 // Per-row sums of the backward: mean(g) (centered only) and mean(g * xhat), with
 //   xhat = (x - mean) * rstd (mean = 0 for RMSNorm),  g = dy * weight.
-template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight>
+template <typename T, typename acc_t, bool kCentered, bool kWeight>
 std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_t rstd,
-                                       const P* weight, int64_t N) {
+                                       const acc_t* weight, int64_t N) {
   using IO = VecIO<T, acc_t>;
-  using ParamIO = VecIO<P, acc_t>;
+  using ParamIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
   static_assert(ParamIO::kWidth == W);
@@ -274,7 +276,7 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   acc_t sum_gx = lane_sum(sum_gx_lo + sum_gx_hi);
   for (int64_t i = vec_end; i < N; ++i) {
     acc_t g = static_cast<acc_t>(dy[i]);
-    if constexpr (kWeight) g *= static_cast<acc_t>(weight[i]);
+    if constexpr (kWeight) g *= weight[i];
     sum_g += g;
     sum_gx += g * (static_cast<acc_t>(x[i]) - mean) * rstd;
   }
@@ -288,14 +290,14 @@ constexpr int64_t kRowTile = 4;
 // Pointers of one backward call: x is what was normalized (the sum with a residual), mean
 // null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
 // partials null without parameter gradients.
-template <typename T, typename P, typename acc_t>
+template <typename T, typename acc_t>
 struct NormBwdArgs {
   const T* dy;
   const T* dsum;
   const T* x;
   const acc_t* mean;
   const acc_t* rstd;
-  const P* weight;
+  const acc_t* weight;
   T* dx;
   int64_t M, N;
 };
@@ -303,11 +305,11 @@ struct NormBwdArgs {
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum) for `rows` (<= kRowTile)
 // consecutive rows from `row`, and (kParamGrads) their dy * xhat and dy added to the
 // partials. The rows were just read by row_grad_means: this sweep is served from cache.
-template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
-void norm_bwd_tile(const NormBwdArgs<T, P, acc_t>& a, int64_t row, int64_t rows,
-                   acc_t* dweight_part, acc_t* dbias_part) {
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
+void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
+                   acc_t* dweight_part, acc_t* dbias_part, bool stream) {
   using IO = VecIO<T, acc_t>;
-  using ParamIO = VecIO<P, acc_t>;
+  using ParamIO = VecIO<acc_t, acc_t>;
   using AccIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
@@ -321,7 +323,7 @@ void norm_bwd_tile(const NormBwdArgs<T, P, acc_t>& a, int64_t row, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) {
     mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
     rstd[r] = a.rstd[row + r];
-    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, P, acc_t, kCentered, kWeight>(
+    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, acc_t, kCentered, kWeight>(
         dy + r * N, x + r * N, mean[r], rstd[r], a.weight, N);
   }
   const int64_t vec_end = N - N % W;
@@ -348,7 +350,11 @@ void norm_bwd_tile(const NormBwdArgs<T, P, acc_t>& a, int64_t row, int64_t rows,
         out_lo = out_lo + slo;
         out_hi = out_hi + shi;
       }
-      IO::store(dx + r * N + i, out_lo, out_hi);
+      if (stream) {
+        IO::store_streaming(dx + r * N + i, out_lo, out_hi);
+      } else {
+        IO::store(dx + r * N + i, out_lo, out_hi);
+      }
       if constexpr (kParamGrads) {
         pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
         pw_hi = at::vec::fmadd(dhi, xhi, pw_hi);
@@ -364,7 +370,7 @@ void norm_bwd_tile(const NormBwdArgs<T, P, acc_t>& a, int64_t row, int64_t rows,
     }
   }
   for (int64_t i = vec_end; i < N; ++i) {
-    const acc_t w = kWeight ? static_cast<acc_t>(a.weight[i]) : acc_t(1);
+    const acc_t w = kWeight ? a.weight[i] : acc_t(1);
     for (int64_t r = 0; r < rows; ++r) {
       const acc_t d = static_cast<acc_t>(dy[r * N + i]);
       const acc_t xhat = (static_cast<acc_t>(x[r * N + i]) - mean[r]) * rstd[r];
@@ -379,36 +385,21 @@ void norm_bwd_tile(const NormBwdArgs<T, P, acc_t>& a, int64_t row, int64_t rows,
   }
 }
 
-// Row blocks whose dweight/dbias partials are summed at the end. The split depends on M
-// and N only, never on the thread count, so the result is bitwise reproducible.
-inline int64_t num_param_grad_blocks(int64_t M, int64_t N) {
-  constexpr int64_t kMaxBlocks = 64;
-  constexpr int64_t kPartialBudget = int64_t(1) << 22;  // elements per partial buffer
-  const int64_t by_memory = std::max<int64_t>(1, kPartialBudget / std::max<int64_t>(N, 1));
-  return std::max<int64_t>(1, std::min({M, kMaxBlocks, by_memory}));
-}
-
-// Sums the [blocks, N] partials over blocks, in block order, into out (dtype P).
-template <typename acc_t, typename P>
-void reduce_partials(const acc_t* partial, int64_t blocks, int64_t N, P* out) {
-  at::parallel_for(0, N, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      acc_t sum = 0;
-      for (int64_t b = 0; b < blocks; ++b) sum += partial[b * N + j];
-      out[j] = static_cast<P>(sum);
-    }
-  });
-}
-
-template <typename T, typename P, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
-void norm_bwd_rows(const NormBwdArgs<T, P, acc_t>& a, acc_t* partial_w, acc_t* partial_b,
+// dx for all rows, and (kParamGrads) the [blocks, N] dweight/dbias partials of the row
+// blocks of num_row_blocks(M, N), for sum_partials to add up.
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
+void norm_bwd_rows(const NormBwdArgs<T, acc_t>& a, acc_t* partial_w, acc_t* partial_b,
                    int64_t blocks) {
   const int64_t M = a.M, N = a.N;
+  // dx is written once and read by the next layer's backward much later.
+  const bool stream = use_streaming_stores(M * N * sizeof(T)) && is_stream_aligned(a.dx) &&
+                      (N * sizeof(T)) % kStreamAlign == 0;
   auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
     for (int64_t r = begin; r < end; r += kRowTile) {
-      norm_bwd_tile<T, P, acc_t, kCentered, kWeight, kParamGrads>(
-          a, r, std::min(kRowTile, end - r), pw, pb);
+      norm_bwd_tile<T, acc_t, kCentered, kWeight, kParamGrads>(
+          a, r, std::min(kRowTile, end - r), pw, pb, stream);
     }
+    if (stream) streaming_fence();
   };
   if constexpr (!kParamGrads) {
     at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
