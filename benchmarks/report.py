@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 from . import stamp
 
 BASELINE = "torch"
+PASSES = ("fwd", "bwd", "fwd+bwd")
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,35 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
                     row = by_provider.get(p)
                     cells.append("n/a" if row is None else column.cell(row, baseline))
             lines.append("| " + " | ".join(cells) + " |")
+    lines += _fused_against_separate(result["rows"], case_keys, providers)
     if notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _fused_against_separate(rows: Sequence[dict], case_keys: Sequence[str],
+                            providers: Sequence[str]) -> list[str]:
+    """A table of each provider's fwd+bwd time over its fwd time + bwd time (1.00 when a
+    training step costs exactly its two passes; above 1 is time lost between them:
+    allocation, page faults of fresh outputs, thread-pool stalls)."""
+    by_pass = {p: _case_fields([r for r in rows if r["pass"] == p], case_keys) for p in PASSES}
+    if not all(by_pass.values()):
+        return []
+    header = list(case_keys) + [f"{p} fwd+bwd ms / (fwd + bwd ms)" for p in providers]
+    lines = ["", "## fwd+bwd against fwd + bwd", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(case_keys) + "--:|" * len(providers)]
+    for key, both in by_pass["fwd+bwd"].items():
+        cells = [str(v) for v in key]
+        for p in providers:
+            fwd, bwd = by_pass["fwd"].get(key, {}).get(p), by_pass["bwd"].get(key, {}).get(p)
+            row = both.get(p)
+            if row is None or fwd is None or bwd is None:
+                cells.append("n/a")
+            else:
+                cells.append(f"{row['ms']:.4g} / ({fwd['ms']:.4g} + {bwd['ms']:.4g}) = "
+                             f"{row['ms'] / (fwd['ms'] + bwd['ms']):.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def to_json(result: dict) -> str:

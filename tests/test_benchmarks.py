@@ -44,6 +44,13 @@ def test_layer_norm_results_format(tmp_path):
     assert [r["pass"] for r in result["rows"]][::8] == ["fwd", "bwd", "fwd+bwd"]
     _check_files(result, folder, "layer_norm")
     assert "fusednorm × torch" in md
+    # The training-step table: each provider's fwd+bwd over its fwd + bwd, from the rows.
+    ms = {(r["pass"], r["dtype"], r["M"], r["provider"]): r["ms"] for r in result["rows"]}
+    ratio = ms["fwd+bwd", "float32", 64, "torch"] / (ms["fwd", "float32", 64, "torch"]
+                                                      + ms["bwd", "float32", 64, "torch"])
+    section = md.split("## fwd+bwd against fwd + bwd")[1]
+    float32_line = next(line for line in section.splitlines() if line.startswith("| float32 | 64 |"))
+    assert float32_line.rstrip(" |").endswith(f"= {ratio:.2f}")
 
 
 def test_gelu_ffn_results_format(tmp_path):
