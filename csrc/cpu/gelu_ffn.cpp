@@ -231,19 +231,23 @@ void add_row(const T* row, acc_type<T>* part, int64_t n) {
   for (int64_t i = vec_end; i < n; ++i) part[i] += static_cast<acc_t>(row[i]);
 }
 
-// The backward's pass over all rows, in `blocks` row blocks; block b accumulates its
-// partial column sums of dh into part1[b] ([blocks, H]) and of dy into part2[b] ([blocks, N]).
+// The backward's pass over M rows, in `blocks` row blocks; block b adds its column sums of
+// dh to part1[b] ([blocks, H]) and of dy to part2[b] ([blocks, N]), which it first zeroes
+// unless `accumulate` (a later chunk of rows adding to the same partials).
 template <typename T, GeluKind kind, bool kBias1, bool kBias2>
 void dgelu_rows(const T* h, T* dg_dh, T* a, const T* dy, acc_type<T>* part1,
-                acc_type<T>* part2, int64_t M, int64_t H, int64_t N, int64_t blocks) {
+                acc_type<T>* part2, int64_t M, int64_t H, int64_t N, int64_t blocks,
+                bool accumulate) {
   using acc_t = acc_type<T>;
   const int64_t rows_per_block = (M + blocks - 1) / blocks;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       acc_t* p1 = kBias1 ? part1 + b * H : nullptr;
       acc_t* p2 = kBias2 ? part2 + b * N : nullptr;
-      if constexpr (kBias1) std::fill(p1, p1 + H, acc_t(0));
-      if constexpr (kBias2) std::fill(p2, p2 + N, acc_t(0));
+      if (!accumulate) {
+        if constexpr (kBias1) std::fill(p1, p1 + H, acc_t(0));
+        if constexpr (kBias2) std::fill(p2, p2 + N, acc_t(0));
+      }
       const int64_t row_end = std::min(M, (b + 1) * rows_per_block);
       for (int64_t r = b * rows_per_block; r < row_end; ++r) {
         dgelu_row<T, kind, kBias1>(h + r * H, dg_dh + r * H, a + r * H, p1, H);
@@ -251,6 +255,42 @@ void dgelu_rows(const T* h, T* dg_dh, T* a, const T* dy, acc_type<T>* part1,
       }
     }
   });
+}
+
+// Rows per chunk of the [M, H] temporaries (the activation, the hidden gradient): about
+// 2^20 values, so that they stay a small fraction of the saved pre-activation, but never
+// fewer than 256 rows, so that each chunk's GEMMs still run at full speed; M is split into
+// equal chunks (no short last one). Depends on the shape only: the chunked sums (weight
+// gradients) are the same on any machine.
+int64_t chunk_rows(int64_t M, int64_t H) {
+  constexpr int64_t kChunkValues = int64_t(1) << 20;
+  const int64_t target = std::min(M, std::max<int64_t>(256, kChunkValues / std::max<int64_t>(H, 1)));
+  if (target <= 0) return M;
+  const int64_t chunks = (M + target - 1) / target;
+  return (M + chunks - 1) / chunks;
+}
+
+// a = gelu(h) over rows of h (both [rows, H], contiguous).
+void gelu_into(const at::Tensor& h, at::Tensor& a, GeluKind kind) {
+  if (kind == GeluKind::kExact) {
+    // ATen's exact GELU runs oneDNN's JIT kernel on the CPU, faster than an at::vec erf.
+    at::gelu_out(a, h, "none");
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "gelu_ffn_fwd", [&] {
+    gelu_rows<scalar_t, GeluKind::kTanh>(h.const_data_ptr<scalar_t>(),
+                                         a.mutable_data_ptr<scalar_t>(), h.size(0), h.size(1));
+  });
+}
+
+// out = a W^T (+ b) into out (a [rows, K], W [N, K]).
+void linear_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& w,
+                const std::optional<at::Tensor>& b) {
+  if (given(b)) {
+    at::addmm_out(out, *b, a, w.t());
+  } else {
+    at::mm_out(out, a, w.t());
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const at::Tensor& weight1,
@@ -262,78 +302,91 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
   const GeluKind kind = parse_approximate(approximate);
   const int64_t M = input.size(0), H = weight1.size(0), N = weight2.size(0);
   at::Tensor hidden = at::empty({M, H}, input.options());
-  at::Tensor act = at::empty({M, H}, input.options());
   at::Tensor out = at::empty({M, N}, input.options());
   // b1 is added inside the GEMM (beta = 1 on the broadcast bias), before the product is
   // rounded to the input's dtype: adding it to a rounded float16/bfloat16 product instead
   // loses accuracy wherever the two nearly cancel.
-  if (given(bias1)) {
-    at::addmm_out(hidden, *bias1, input, weight1.t());
-  } else {
-    at::mm_out(hidden, input, weight1.t());
-  }
-  if (kind == GeluKind::kExact) {
-    // ATen's exact GELU runs oneDNN's JIT kernel on the CPU, faster than an at::vec erf.
-    at::gelu_out(act, hidden, "none");
-  } else if (hidden.numel() > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_fwd", [&] {
-      gelu_rows<scalar_t, GeluKind::kTanh>(hidden.const_data_ptr<scalar_t>(),
-                                           act.mutable_data_ptr<scalar_t>(), M, H);
-    });
-  }
-  if (given(bias2)) {
-    at::addmm_out(out, *bias2, act, weight2.t());
-  } else {
-    at::mm_out(out, act, weight2.t());
+  linear_out(hidden, input, weight1, bias1);
+  // The activation exists one chunk of rows at a time: only hidden is kept for backward.
+  const int64_t rows = chunk_rows(M, H);
+  at::Tensor act = at::empty({rows, H}, input.options());
+  for (int64_t r0 = 0; r0 < M; r0 += rows) {
+    const int64_t n = std::min(rows, M - r0);
+    at::Tensor act_c = act.narrow(0, 0, n), out_c = out.narrow(0, r0, n);
+    gelu_into(hidden.narrow(0, r0, n), act_c, kind);
+    linear_out(out_c, act_c, weight2, bias2);
   }
   return {out, hidden};
 }
 
+// Backward, one chunk of rows at a time (temporaries [chunk, H], never [M, H]):
+//   dg = dy W2;  a = gelu(h);  dW2 += dy^T a;  dh = dg * gelu'(h);  dW1 += dh^T x;
+//   dx = dh W1;  db1, db2 = column sums of dh, dy (per-block partials, summed in order).
+// float16/bfloat16 run as one chunk: their GEMMs round each product to the dtype, so a
+// weight gradient summed over chunks would be rounded once per chunk instead of once.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& hidden_pre,
     const at::Tensor& weight1, const at::Tensor& weight2, bool has_bias1, bool has_bias2,
     c10::string_view approximate) {
   check_gelu_ffn_bwd_args(grad_out, input, hidden_pre, weight1, weight2);
   const GeluKind kind = parse_approximate(approximate);
-  const int64_t M = input.size(0), H = weight1.size(0), N = weight2.size(0);
+  const int64_t M = input.size(0), K = input.size(1), H = weight1.size(0), N = weight2.size(0);
   const auto options = input.options();
-  at::Tensor grad_hidden = at::empty({M, H}, options);  // dg, then dh in place
-  at::Tensor act = at::empty({M, H}, options);
-  at::mm_out(grad_hidden, grad_out, weight2);
+  at::Tensor grad_input = at::empty({M, K}, options);
+  at::Tensor grad_weight1 = at::empty({H, K}, options);
+  at::Tensor grad_weight2 = at::empty({N, H}, options);
+  if (M == 0) {  // empty sums
+    grad_weight1.zero_();
+    grad_weight2.zero_();
+  }
+  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
+  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
 
-  // With no rows the partials are an empty sum: the bias gradients are zeros.
-  const int64_t blocks = M > 0 ? num_row_blocks(M, H + N) : 0;
+  const bool reduced = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+  const int64_t rows = std::max<int64_t>(1, reduced ? M : chunk_rows(M, H));
+  const int64_t chunks = (M + rows - 1) / rows;
+  // Block b of every chunk adds to partial row b: the partials stay [blocks, H + N].
+  const int64_t blocks = M > 0 ? num_row_blocks(rows, H + N) : 0;
   const auto acc_options = options.dtype(stats_dtype(input.scalar_type()));
   at::Tensor part1 = at::empty({has_bias1 ? blocks : 0, H}, acc_options);
   at::Tensor part2 = at::empty({has_bias2 ? blocks : 0, N}, acc_options);
-  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
-  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
+  at::Tensor grad_hidden = at::empty({std::min(rows, M), H}, options);  // dg, then dh
+  at::Tensor act = at::empty({std::min(rows, M), H}, options);
+
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_bwd", [&] {
     using acc_t = acc_type<scalar_t>;
-    if (M > 0) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r0 = c * rows, n = std::min(rows, M - r0);
+      const at::Tensor dy_c = grad_out.narrow(0, r0, n), x_c = input.narrow(0, r0, n);
+      at::Tensor dh_c = grad_hidden.narrow(0, 0, n), act_c = act.narrow(0, 0, n);
+      at::Tensor dx_c = grad_input.narrow(0, r0, n);
+      at::mm_out(dh_c, dy_c, weight2);
       dispatch_gelu_kind(kind, [&](auto kind_tag) {
         dispatch_bools(has_bias1, has_bias2, [&](auto b1, auto b2) {
           dgelu_rows<scalar_t, decltype(kind_tag)::value, decltype(b1)::value,
                      decltype(b2)::value>(
-              hidden_pre.const_data_ptr<scalar_t>(), grad_hidden.mutable_data_ptr<scalar_t>(),
-              act.mutable_data_ptr<scalar_t>(), grad_out.const_data_ptr<scalar_t>(),
-              part1.mutable_data_ptr<acc_t>(), part2.mutable_data_ptr<acc_t>(), M, H, N,
-              blocks);
+              hidden_pre.const_data_ptr<scalar_t>() + r0 * H, dh_c.mutable_data_ptr<scalar_t>(),
+              act_c.mutable_data_ptr<scalar_t>(), dy_c.const_data_ptr<scalar_t>(),
+              has_bias1 ? part1.mutable_data_ptr<acc_t>() : nullptr,
+              has_bias2 ? part2.mutable_data_ptr<acc_t>() : nullptr, n, H, N, blocks, c > 0);
         });
       });
+      if (c == 0) {
+        at::mm_out(grad_weight2, dy_c.t(), act_c);
+        at::mm_out(grad_weight1, dh_c.t(), x_c);
+      } else {
+        grad_weight2.addmm_(dy_c.t(), act_c);
+        grad_weight1.addmm_(dh_c.t(), x_c);
+      }
+      at::mm_out(dx_c, dh_c, weight1);
     }
     if (has_bias1) {
-      sum_partials(part1.const_data_ptr<acc_t>(), part1.size(0), H,
-                   grad_bias1.mutable_data_ptr<scalar_t>());
+      sum_partials(part1.const_data_ptr<acc_t>(), blocks, H, grad_bias1.mutable_data_ptr<scalar_t>());
     }
     if (has_bias2) {
-      sum_partials(part2.const_data_ptr<acc_t>(), part2.size(0), N,
-                   grad_bias2.mutable_data_ptr<scalar_t>());
+      sum_partials(part2.const_data_ptr<acc_t>(), blocks, N, grad_bias2.mutable_data_ptr<scalar_t>());
     }
   });
-  at::Tensor grad_weight2 = at::mm(grad_out.t(), act);
-  at::Tensor grad_weight1 = at::mm(grad_hidden.t(), input);
-  at::Tensor grad_input = at::mm(grad_hidden, weight1);
   return {grad_input, grad_weight1, grad_bias1, grad_weight2, grad_bias2};
 }
 

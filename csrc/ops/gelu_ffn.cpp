@@ -52,6 +52,9 @@ class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
                             defined_or_empty(bias2), hidden});
     ctx->saved_data["approximate"] = std::string(approximate);
     ctx->mark_non_differentiable({hidden});
+    // Outputs nobody differentiated reach backward undefined, not as zero tensors of
+    // their size (an [M, hidden] one for the FFN's pre-activation).
+    ctx->set_materialize_grads(false);
     return {out, hidden};
   }
 

@@ -78,6 +78,9 @@ class BlockFunction : public torch::autograd::Function<BlockFunction> {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["approximate"] = std::string(approximate);
     ctx->mark_non_differentiable({mean, rstd, hidden});
+    // Outputs nobody differentiated reach backward undefined, not as zero tensors of
+    // their size (an [M, hidden] one for the FFN's pre-activation).
+    ctx->set_materialize_grads(false);
     return {out, mean, rstd, hidden};
   }
 

@@ -100,6 +100,9 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
     ctx->saved_data["eps"] = eps;
     ctx->mark_non_differentiable(kind.residual ? variable_list{mean, rstd}
                                                : variable_list{sum, mean, rstd});
+    // Outputs nobody differentiated reach backward undefined, not as zero tensors of
+    // their size (an [M, hidden] one for the FFN's pre-activation).
+    ctx->set_materialize_grads(false);
     return {out, sum, mean, rstd};
   }
 
