@@ -72,6 +72,19 @@ def test_one_million_element_row(device, dtype):
     check_forward_backward(x, (N,), weight, bias)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [1024, 1000])
+def test_outputs_larger_than_caches(dtype, N):
+    """Outputs of over 8 MiB: the CPU kernels stream them (non-temporal stores) once their
+    pages are mapped, i.e. from the second call on, when the allocator hands back the
+    first call's memory; every call must give the same, correct result."""
+    M = (9 << 20) // (N * dtype.itemsize) + 1
+    x = random_input((M, N), dtype, "cpu")
+    weight, bias = make_params((N,), "affine", dtype, "cpu")
+    for _ in range(3):
+        check_forward_backward(x, (N,), weight, bias)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("affine", AFFINE)

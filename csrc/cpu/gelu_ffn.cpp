@@ -301,15 +301,16 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
   check_gelu_ffn_fwd_args(input, weight1, bias1, weight2, bias2);
   const GeluKind kind = parse_approximate(approximate);
   const int64_t M = input.size(0), H = weight1.size(0), N = weight2.size(0);
+  // The activation exists one chunk of rows at a time: only hidden is kept for backward.
+  // (Scratch before the outputs: see thread_scratch in cpu/partials.h.)
+  const int64_t rows = std::max<int64_t>(1, chunk_rows(M, H));
+  at::Tensor act = at::empty({std::min(rows, M), H}, input.options());
   at::Tensor hidden = at::empty({M, H}, input.options());
   at::Tensor out = at::empty({M, N}, input.options());
   // b1 is added inside the GEMM (beta = 1 on the broadcast bias), before the product is
   // rounded to the input's dtype: adding it to a rounded float16/bfloat16 product instead
   // loses accuracy wherever the two nearly cancel.
   linear_out(hidden, input, weight1, bias1);
-  // The activation exists one chunk of rows at a time: only hidden is kept for backward.
-  const int64_t rows = chunk_rows(M, H);
-  at::Tensor act = at::empty({rows, H}, input.options());
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
     at::Tensor act_c = act.narrow(0, 0, n), out_c = out.narrow(0, r0, n);
@@ -332,15 +333,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
   const GeluKind kind = parse_approximate(approximate);
   const int64_t M = input.size(0), K = input.size(1), H = weight1.size(0), N = weight2.size(0);
   const auto options = input.options();
-  at::Tensor grad_input = at::empty({M, K}, options);
-  at::Tensor grad_weight1 = at::empty({H, K}, options);
-  at::Tensor grad_weight2 = at::empty({N, H}, options);
-  if (M == 0) {  // empty sums
-    grad_weight1.zero_();
-    grad_weight2.zero_();
-  }
-  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
-  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
 
   const bool reduced = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
   const int64_t rows = std::max<int64_t>(1, reduced ? M : chunk_rows(M, H));
@@ -352,6 +344,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
   at::Tensor part2 = at::empty({has_bias2 ? blocks : 0, N}, acc_options);
   at::Tensor grad_hidden = at::empty({std::min(rows, M), H}, options);  // dg, then dh
   at::Tensor act = at::empty({std::min(rows, M), H}, options);
+  // The outputs after the scratch (see thread_scratch in cpu/partials.h for why).
+  at::Tensor grad_input = at::empty({M, K}, options);
+  at::Tensor grad_weight1 = at::empty({H, K}, options);
+  at::Tensor grad_weight2 = at::empty({N, H}, options);
+  if (M == 0) {  // empty sums
+    grad_weight1.zero_();
+    grad_weight2.zero_();
+  }
+  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
+  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_bwd", [&] {
     using acc_t = acc_type<scalar_t>;

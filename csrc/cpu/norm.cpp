@@ -50,14 +50,15 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
                  const OptTensor& bias, double eps, bool centered) {
   check_norm_fwd_args(input, residual, weight, bias, eps, centered);
   const int64_t M = input.size(0), N = input.size(1);
+  const auto acc_dtype = stats_dtype(input.scalar_type());
+  // Scratch before outputs (see norm_bwd).
+  const OptTensor weight_acc = in_acc_type(weight, acc_dtype), bias_acc = in_acc_type(bias, acc_dtype);
   at::Tensor out = at::empty_like(input);
   at::Tensor sum = given(residual) ? at::empty_like(input) : at::empty({0}, input.options());
-  const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
+  const auto stats_options = input.options().dtype(acc_dtype);
   at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
   at::Tensor rstd = at::empty({M}, stats_options);
   if (M == 0) return {out, sum, mean, rstd};
-  const auto acc_dtype = stats_dtype(input.scalar_type());
-  const OptTensor weight_acc = in_acc_type(weight, acc_dtype), bias_acc = in_acc_type(bias, acc_dtype);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "norm_fwd", [&] {
     using T = scalar_t;
     using acc_t = acc_type<T>;
@@ -81,23 +82,23 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
   check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
   const int64_t M = input.size(0), N = input.size(1);
   const bool param_grads = given(weight) || given(bias);
+  const auto acc_dtype = stats_dtype(input.scalar_type());
+  const int64_t blocks = param_grads && M > 0 ? num_row_blocks(M, N) : 0;
+  ScratchHandle own_partials;
+  const OptTensor weight_acc = in_acc_type(weight, acc_dtype);
   at::Tensor grad_input = at::empty_like(input);
   at::Tensor grad_weight =
       given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
   at::Tensor grad_bias =
       given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
-  const auto acc_dtype = stats_dtype(input.scalar_type());
-  const auto acc_options = input.options().dtype(acc_dtype);
-  const int64_t blocks = param_grads && M > 0 ? num_row_blocks(M, N) : 0;
-  at::Tensor partial_w = at::empty({blocks, N}, acc_options);
-  at::Tensor partial_b = at::empty({centered ? blocks : 0, N}, acc_options);
-  const OptTensor weight_acc = in_acc_type(weight, acc_dtype);
 
   dispatch_input_and_param(
       input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
         using T = decltype(input_tag);
         using P = decltype(param_tag);
         using acc_t = acc_type<T>;
+        acc_t* partial_w = thread_scratch<acc_t>((centered ? 2 : 1) * blocks * N, own_partials);
+        acc_t* partial_b = centered ? partial_w + blocks * N : nullptr;
         if (M > 0) {
           const NormBwdArgs<T, acc_t> args{
               grad_out.const_data_ptr<T>(), data_or_null<T>(grad_sum),
@@ -107,18 +108,17 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
           dispatch_bools(centered, given(weight), [&](auto c, auto w) {
             dispatch_bool(param_grads, [&](auto grads) {
               norm_bwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value,
-                            decltype(grads)::value>(args, data_or_null<acc_t>(partial_w),
-                                                    data_or_null<acc_t>(partial_b), blocks);
+                            decltype(grads)::value>(args, partial_w, partial_b, blocks);
             });
           });
         }
         // With no rows, the partials are an empty sum: the gradients are zeros.
         if (given(weight)) {
-          sum_partials<acc_t, P>(partial_w.const_data_ptr<acc_t>(), blocks, N,
+          sum_partials<acc_t, P>(partial_w, blocks, N,
                                  grad_weight.mutable_data_ptr<P>());
         }
         if (given(bias)) {
-          sum_partials<acc_t, P>(partial_b.const_data_ptr<acc_t>(), blocks, N,
+          sum_partials<acc_t, P>(partial_b, blocks, N,
                                  grad_bias.mutable_data_ptr<P>());
         }
       });
@@ -145,10 +145,10 @@ at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
   check_stats(rstd, "rstd", input);
   check_params(weight, bias, input);
   const int64_t M = input.size(0), N = input.size(1);
-  at::Tensor out = at::empty_like(input);
-  if (out.numel() == 0) return out;
   const auto acc = stats_dtype(input.scalar_type());
   const OptTensor weight_acc = in_acc_type(weight, acc), bias_acc = in_acc_type(bias, acc);
+  at::Tensor out = at::empty_like(input);
+  if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "norm_apply", [&] {
     using T = scalar_t;
     using acc_t = acc_type<T>;

@@ -15,6 +15,10 @@
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 namespace fusednorm::cpu {
 
@@ -29,6 +33,27 @@ constexpr int64_t kStreamAlign = sizeof(at::vec::Vectorized<float>);
 
 inline bool is_stream_aligned(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % kStreamAlign == 0;
+}
+
+// Whether the pages of [p, p + bytes) are mapped in (probed at the first, middle and last
+// page with mincore: three system calls, for outputs of megabytes). false where unknown.
+inline bool pages_resident(const void* p, int64_t bytes) {
+#if defined(__linux__)
+  static const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(p);
+  for (const int64_t offset : {int64_t(0), bytes / 2, bytes - 1}) {
+    const std::uintptr_t addr = (start + offset) & ~(page - 1);
+    unsigned char resident = 0;
+    if (mincore(reinterpret_cast<void*>(addr), page, &resident) != 0 || !(resident & 1)) {
+      return false;
+    }
+  }
+  return true;
+#else
+  (void)p;
+  (void)bytes;
+  return false;
+#endif
 }
 
 template <typename V>
