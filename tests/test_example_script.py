@@ -101,3 +101,19 @@ def test_amp_bf16_run(tmp_path):
     metrics = train(tmp_path, "fused", "--steps", "3", "--amp", "bf16")
     assert_metrics_contract(metrics, "fused", 3)
     assert metrics["config"]["amp"] == "bf16"
+
+
+def test_compare_speed_alternates_runs(tmp_path):
+    """examples/compare_speed.py: runs alternate torch, fused, ...; the summary's medians and
+    ratio come from the runs' own tokens/s."""
+    _run("compare_speed.py", str(tmp_path), "--rounds", "2", "--steps", "3", "--device", "cpu",
+         *TINY_ARGS)
+    summary = json.loads((tmp_path / "speed.json").read_text())
+    assert summary["order"] == ["torch", "fused", "torch", "fused"]
+    for norm in ("torch", "fused"):
+        values = summary["tokens_per_s"][norm]
+        assert len(values) == 2 and all(v > 0 for v in values)
+        assert summary["median_tokens_per_s"][norm] == pytest.approx(sum(values) / 2)
+    medians = summary["median_tokens_per_s"]
+    assert summary["fused_over_torch"] == pytest.approx(medians["fused"] / medians["torch"])
+    assert (tmp_path / "speed.md").read_text().startswith("# Example GPT training speed on ")

@@ -1,0 +1,93 @@
+"""Training speed of the example GPT with PyTorch's norms/FFN and with fusednorm's, measured
+in alternating runs (torch, fused, torch, fused, ...) so that a machine that speeds up or
+slows down during the measurement affects both sides alike.
+
+    python examples/compare_speed.py OUT_DIR [--rounds 3] [--steps 30] [train_gpt.py options]
+
+Each run is a fresh `examples/train_gpt.py` process (same seed, same data). Writes
+OUT_DIR/speed.json (every run's tokens/s, the medians, their ratio, device and versions)
+and OUT_DIR/speed.md (the same as a table), and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NORMS = ("torch", "fused")
+
+
+def run_once(norm: str, steps: int, extra: list[str], scratch: Path) -> dict:
+    out = scratch / f"{norm}-{len(list(scratch.iterdir()))}"
+    subprocess.run([sys.executable, str(HERE / "train_gpt.py"), "--norm", norm, "--steps",
+                    str(steps), "--out", str(out), "--no-progress", *extra], check=True)
+    return json.loads((out / "metrics.json").read_text())
+
+
+def summarize(runs: list[dict]) -> dict:
+    by_norm = {n: [r["tokens_per_s"] for r in runs if r["norm"] == n] for n in NORMS}
+    medians = {n: statistics.median(v) for n, v in by_norm.items()}
+    first = runs[0]
+    return {
+        "device": first["device"], "device_kind": first["device_kind"],
+        "threads": first["threads"], "torch": first["torch"], "commit": first["commit"],
+        "date": first["date"], "config": first["config"],
+        "order": [r["norm"] for r in runs],
+        "tokens_per_s": by_norm,
+        "median_tokens_per_s": medians,
+        "fused_over_torch": medians["fused"] / medians["torch"],
+        "final_loss": {n: next(r["losses"][-1] for r in runs if r["norm"] == n) for n in NORMS},
+    }
+
+
+def markdown(summary: dict) -> str:
+    cfg = summary["config"]
+    lines = [
+        f"# Example GPT training speed on {summary['device']}",
+        "",
+        f"{summary['device_kind']}, {summary['threads']} threads, torch {summary['torch']}, "
+        f"commit `{summary['commit']}`, {summary['date']}; {cfg['n_layer']} layers, "
+        f"d_model {cfg['d_model']}, batch {cfg['batch_size']} x {cfg['block_size']} tokens, "
+        f"{cfg['amp']}, {cfg['steps']} steps per run (the first tenth untimed). Runs "
+        f"alternate: {', '.join(summary['order'])}.",
+        "",
+        "| norm | tokens/s per run | median tokens/s | final loss |",
+        "|---|---|--:|--:|",
+    ]
+    for n in NORMS:
+        per_run = ", ".join(f"{v:.0f}" for v in summary["tokens_per_s"][n])
+        lines.append(f"| {n} | {per_run} | {summary['median_tokens_per_s'][n]:.0f} | "
+                     f"{summary['final_loss'][n]:.4f} |")
+    lines += ["", f"fused / torch (medians): **{summary['fused_over_torch']:.3f}x**"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each norm")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    args, extra = parser.parse_known_args(argv)
+    if args.rounds < 1 or args.steps < 2:
+        parser.error("--rounds must be >= 1 and --steps >= 2")
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for _ in range(args.rounds):
+            for norm in NORMS:
+                runs.append(run_once(norm, args.steps, extra, Path(scratch)))
+    summary = summarize(runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speed.json").write_text(json.dumps(summary, indent=1) + "\n")
+    md = markdown(summary)
+    (args.out / "speed.md").write_text(md)
+    print(md)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
