@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     notes += measurement_notes(device)
     md = report.markdown(result, ["dtype", "M", "N", "hidden"],
                          [report.MS, report.TFLOPS, report.SPEEDUP.without(FLOOR),
-                          report.PEAK.without(FLOOR)], notes)
+                          report.PEAK.without(FLOOR), report.SAVED.without(FLOOR)], notes)
     folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
 
@@ -191,7 +191,10 @@ def measurement_notes(device: torch.device) -> list[str]:
                   "threads, 20/80 quantiles over blocks")
     memory = ("peak MiB: PyTorch allocator's peak above what was allocated before the call"
               + (" (CPU: from the profiler's allocation events; MKL/oneDNN scratch unseen)"
-                 if device.type == "cpu" else ""))
+                 if device.type == "cpu" else "")
+              + "; saved MiB (fwd rows): what stays allocated after the forward while its "
+              "output is held, less the output: the activations kept for backward (the "
+              "backward's own temporaries are in its peak, not here)")
     return [
         f"Timing: {timing}. M = tokens, N = d_model, hidden = 4·N, GELU exact (erf). "
         "TFLOP/s counts the GEMMs' flops only (fwd 4·M·N·hidden, bwd 8·M·N·hidden); % GEMM "

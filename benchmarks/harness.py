@@ -118,10 +118,12 @@ def _stderr_silenced():
         os.close(saved)
 
 
-def _cpu_peak_bytes(fn: Callable[[], object]) -> int | None:
-    """Peak of the bytes that PyTorch's CPU allocator handed out during fn() above what was
-    allocated before it, from the profiler's allocation events (None when unavailable).
-    Memory that libraries take past PyTorch's allocator (MKL/oneDNN scratch) is not seen."""
+def _cpu_allocated_bytes(fn: Callable[[], object]) -> tuple[int, int] | None:
+    """(peak, retained): the most bytes that PyTorch's CPU allocator had handed out during
+    fn() beyond what was allocated before it, and the bytes still allocated when fn has
+    returned and its result is still held; from the profiler's allocation events (None
+    when unavailable). Memory that libraries take past PyTorch's allocator (MKL/oneDNN
+    scratch) is not seen."""
     try:
         from torch._C._profiler import _EventType
         from torch.profiler import ProfilerActivity, profile
@@ -129,7 +131,8 @@ def _cpu_peak_bytes(fn: Callable[[], object]) -> int | None:
         with warnings.catch_warnings(), _stderr_silenced():
             warnings.simplefilter("ignore")
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                fn()
+                result = fn()
+        del result
         events: list[tuple[int, int]] = []
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
@@ -145,21 +148,50 @@ def _cpu_peak_bytes(fn: Callable[[], object]) -> int | None:
     for _, size in sorted(events):
         current += size
         peak = max(peak, current)
-    return peak
+    return peak, current
+
+
+def _cuda_allocated_bytes(fn: Callable[[], object], device: torch.device) -> tuple[int, int]:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    retained = torch.cuda.memory_allocated(device) - base
+    del result
+    return torch.cuda.max_memory_allocated(device) - base, retained
+
+
+def memory_mb(fn: Callable[[], object], device: torch.device) -> tuple[float, float] | None:
+    """(peak, retained) MiB of one call of fn: the most device memory it holds at once
+    beyond what was allocated before (outputs, saved activations, workspace), and what is
+    still allocated after it returns while its result is held (outputs and, for a forward
+    recording autograd, the activations saved for backward). None where unmeasurable."""
+    measured = (_cuda_allocated_bytes(fn, device) if device.type == "cuda"
+                else _cpu_allocated_bytes(fn))
+    return None if measured is None else (measured[0] / 2**20, measured[1] / 2**20)
 
 
 def peak_memory_mb(fn: Callable[[], object], device: torch.device) -> float | None:
-    """MiB of device memory that one call of fn needs at its peak beyond what was already
-    allocated (outputs, saved activations, workspace); None where it cannot be measured."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    peak = _cpu_peak_bytes(fn)
-    return None if peak is None else peak / 2**20
+    """The peak of memory_mb."""
+    measured = memory_mb(fn, device)
+    return None if measured is None else measured[0]
+
+
+def allocator_note() -> str:
+    """How PyTorch's CPU allocator backed large tensors in this run (see benchmarks/__init__)."""
+    from . import THP_SET_BEFORE_TORCH, THP_SETTING
+
+    value = os.environ.get(THP_SETTING, "")
+    if value == "1" and THP_SET_BEFORE_TORCH:
+        return (f"Memory: {THP_SETTING}=1 (PyTorch's CPU allocator puts tensors of 2 MiB or "
+                "more on 2 MiB pages), so that the page faults of fresh outputs do not decide "
+                "the times; without it, outputs above 32 MiB are page-faulted in on every "
+                "call, for every provider alike.")
+    return (f"Memory: {THP_SETTING}={value or 'unset'}"
+            + ("" if THP_SET_BEFORE_TORCH else " (torch was imported before the benchmarks)")
+            + ": outputs above glibc's 32 MiB mmap threshold are page-faulted in on every "
+            "call, for every provider alike, and often decide the CPU times.")
 
 
 def notes() -> list[str]:

@@ -42,6 +42,7 @@ SPEEDUP = Column(
     skip=frozenset({BASELINE}),
 )
 PEAK = Column("peak MiB", lambda r, b: _fmt(r["peak_mem_mb"], ".1f"))
+SAVED = Column("saved MiB", lambda r, b: _fmt(r.get("saved_mb"), ".1f"))
 
 
 def _providers(rows: Sequence[dict]) -> list[str]:

@@ -86,6 +86,21 @@ def _calls(pass_name: str, provider: Provider, inputs) -> list[Callable[[], obje
     ]
 
 
+def _memory_mb(pass_name: str, call, device: torch.device) -> tuple[float | None, float | None]:
+    """(peak MiB of one call, MiB it saves for backward): the saved figure, for the fwd
+    pass only, is what stays allocated while its result is held, less the outputs."""
+    measured = harness.memory_mb(call, device)
+    if measured is None:
+        return None, None
+    peak, retained = measured
+    if pass_name != "fwd":
+        return peak, None
+    outputs = _as_list(call())
+    output_mb = sum(t.untyped_storage().nbytes() for t in outputs) / 2**20
+    del outputs
+    return peak, max(0.0, retained - output_mb)
+
+
 def _timing_order(passes: Sequence[str]) -> list[str]:
     """bwd last: its compiled graphs are built differently (see _graphs_for)."""
     return sorted(passes, key=lambda p: p == "bwd")
@@ -136,7 +151,7 @@ def _check_providers(case: Case, settings: Settings, log) -> list[Provider]:
     return [p for p in case.providers if p.name not in problems]
 
 
-def _row(case: Case, pass_name: str, provider: str, timing, peak_mb) -> dict:
+def _row(case: Case, pass_name: str, provider: str, timing, peak_mb, saved_mb) -> dict:
     row = {"pass": pass_name, "dtype": str(case.dtype).removeprefix("torch.")}
     row.update(case.fields)
     row.update(provider=provider, ms=_sig(timing.ms), ms_p20=_sig(timing.ms_p20),
@@ -145,6 +160,7 @@ def _row(case: Case, pass_name: str, provider: str, timing, peak_mb) -> dict:
     if case.flops is not None:
         row["_flops"] = case.flops[pass_name]
     row["peak_mem_mb"] = _sig(peak_mb)
+    row["saved_mb"] = _sig(saved_mb)
     return row
 
 
@@ -160,13 +176,15 @@ def _finish_rows(rows: list[dict], copy_gbps: float, floor_provider: str | None)
     for row in rows:
         seconds = row["ms"] * 1e-3
         gbps = row["_bytes"] / seconds / 1e9
-        out = {k: v for k, v in row.items() if not k.startswith("_") and k != "peak_mem_mb"}
+        out = {k: v for k, v in row.items()
+               if not k.startswith("_") and k not in ("peak_mem_mb", "saved_mb")}
         out.update(gbps=_sig(gbps), pct_of_copy=_sig(100 * gbps / copy_gbps, 3))
         if "_flops" in row:
             out["tflops"] = _sig(row["_flops"] / seconds / 1e12)
             floor = floor_ms.get(_case_key(row))
             out["pct_of_gemm"] = None if floor is None else _sig(100 * floor / row["ms"], 3)
         out["peak_mem_mb"] = row["peak_mem_mb"]
+        out["saved_mb"] = row["saved_mb"]
         finished.append(out)
     return finished
 
@@ -176,7 +194,7 @@ def _case_key(row: dict) -> tuple:
 
 
 _MEASURED = {"provider", "ms", "ms_p20", "ms_p80", "gbps", "pct_of_copy", "tflops",
-             "pct_of_gemm", "peak_mem_mb"}
+             "pct_of_gemm", "peak_mem_mb", "saved_mb"}
 
 
 def run(
@@ -215,13 +233,15 @@ def run(
                 for provider, calls in per_provider:
                     bar.set_postfix_str(f"{label} {pass_name} {provider.name}")
                     timing = harness.time_calls(calls, device, settings.budget_s)
-                    peak = harness.peak_memory_mb(calls[0], device)
-                    rows.append(_row(case, pass_name, provider.name, timing, peak))
+                    peak, saved = _memory_mb(pass_name, calls[0], device)
+                    rows.append(_row(case, pass_name, provider.name, timing, peak, saved))
                     bar.update(1)
                 del per_provider
             del case, good
     copy_end = harness.copy_bandwidth_gbps(device, copy_budget)
     settings.notes.extend(harness.notes())
+    if device.type == "cpu":
+        settings.notes.append(harness.allocator_note())
     # The ceiling is the better of the two probes, taken before and after the cases.
     result["copy_gbps"] = _sig(max(copy_start, copy_end))
     rows.sort(key=lambda row: PASSES.index(row["pass"]))  # stable: cases stay in order

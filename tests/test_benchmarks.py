@@ -13,7 +13,7 @@ from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, s
 
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "commit", "date", "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
-            "pct_of_copy", "peak_mem_mb"]
+            "pct_of_copy", "peak_mem_mb", "saved_mb"]
 FFN_ROW_KEYS = ROW_KEYS + ["hidden", "tflops", "pct_of_gemm"]
 
 
@@ -63,6 +63,12 @@ def test_gelu_ffn_results_format(tmp_path):
         assert (row["M"], row["N"], row["hidden"]) == (16, 8, 32)
         if row["provider"] == "gemm-only":
             assert row["pct_of_gemm"] == 100
+        assert (row["saved_mb"] is None) == (row["pass"] != "fwd")
+    # Eager keeps fc1's output and the GELU output, [16, 32] float32 each (the input and
+    # parameters existed before the call).
+    saved = {r["provider"]: r["saved_mb"] for r in result["rows"] if r["pass"] == "fwd"}
+    if saved["torch"] is not None:  # None where the allocator cannot be observed
+        assert saved["torch"] == pytest.approx(2 * 16 * 32 * 4 / 2**20, rel=0.05)
     _check_files(result, folder, "gelu_ffn")
 
 
