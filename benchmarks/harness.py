@@ -83,9 +83,14 @@ def time_calls(
 
     for _ in range(max(2, len(calls))):  # warm-up: caches, allocator, lazy init
         fn()
+    start = time.perf_counter()
+    fn()
+    estimate_s = time.perf_counter() - start
+    # Long calls get at least ~10 blocks, so that one slow block (another process woke up)
+    # does not become the median.
     measurement = Timer(
         "fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
-    ).blocked_autorange(min_run_time=budget_s)
+    ).blocked_autorange(min_run_time=max(budget_s, 10 * estimate_s))
     times = sorted(measurement.times)  # seconds per call, one value per block of calls
     return Timing(*(1e3 * _quantile(times, q) for q in QUANTILES))
 

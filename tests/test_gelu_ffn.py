@@ -19,8 +19,8 @@ from conftest import (ATOL, DEVICES, DTYPES, HAS_CUDA, RecordingBackend, assert_
 APPROXIMATE = ["none", "tanh"]
 # (batch shape, d_model, hidden): odd sizes (scalar tails, unaligned rows), a 3-D input,
 # sizes that take the vectorized / cuBLASLt-epilogue paths, and one that the CPU kernels
-# run in three chunks of 200 rows (chunks of at most 256 rows at hidden 4096).
-SHAPES = [((5,), 7, 33), ((4, 9), 16, 64), ((70,), 64, 256), ((600,), 24, 4096)]
+# run in three chunks of 400 rows (chunks of at most 512 rows at hidden 4096).
+SHAPES = [((5,), 7, 33), ((4, 9), 16, 64), ((70,), 64, 256), ((1200,), 24, 4096)]
 
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
@@ -373,7 +373,7 @@ def test_training_step_peak_memory_below_eager(device, block):
     temporaries (the recomputed activation, the hidden gradient) must not outgrow what
     the forward saved less (on the CPU they live one chunk of rows at a time)."""
     pair = _block_pair if block else _ffn_module_pair
-    fused, eager = pair(256, 1024, True, "none", torch.float32, device)
+    fused, eager = pair(256, 2048, True, "none", torch.float32, device)  # two CPU chunks
     eager_fn = (lambda t: t + eager(t)) if block else eager
     x = random_input((2048, 256), torch.float32, device).requires_grad_()
     dy = random_input((2048, 256), torch.float32, device, scale=1.0, shift=0.0, seed=1)
