@@ -261,11 +261,14 @@ void dgelu_rows(const T* h, T* dg_dh, T* a, const T* dy, acc_type<T>* part1,
 // 2^21 values, so that they stay a fraction of the saved pre-activation, but never fewer
 // than 512 rows, so that each chunk's GEMMs still run at full speed and the weight
 // gradients, read and written once per chunk, are not re-read too often; M is split into
-// equal chunks (no short last one). Depends on the shape only: the chunked sums (weight
-// gradients) are the same on any machine.
+// equal chunks (no short last one), at least two when M allows 512-row chunks: the two
+// temporaries of a single chunk would be as large as eager's two saved activations. Depends
+// on the shape only: the chunked sums (weight gradients) are the same on any machine.
 int64_t chunk_rows(int64_t M, int64_t H) {
   constexpr int64_t kChunkValues = int64_t(1) << 21;
-  const int64_t target = std::min(M, std::max<int64_t>(512, kChunkValues / std::max<int64_t>(H, 1)));
+  const int64_t half = std::max<int64_t>(512, (M + 1) / 2);
+  const int64_t target =
+      std::min({M, half, std::max<int64_t>(512, kChunkValues / std::max<int64_t>(H, 1))});
   if (target <= 0) return M;
   const int64_t chunks = (M + target - 1) / target;
   return (M + chunks - 1) / chunks;
