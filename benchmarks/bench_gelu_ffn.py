@@ -188,7 +188,8 @@ def measurement_notes(device: torch.device) -> list[str]:
         timing += f"; torch.backends.cuda.matmul.allow_tf32={tf32}"
     else:
         timing = (f"torch.utils.benchmark.Timer.blocked_autorange on {torch.get_num_threads()} "
-                  "threads, 20/80 quantiles over blocks")
+                  f"threads, the providers taking turns ({harness.CPU_ROUNDS} rounds of blocks each), "
+                  "20/80 quantiles over blocks")
     memory = ("peak MiB: PyTorch allocator's peak above what was allocated before the call"
               + (" (CPU: from the profiler's allocation events; MKL/oneDNN scratch unseen)"
                  if device.type == "cpu" else "")

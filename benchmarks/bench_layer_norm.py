@@ -182,7 +182,8 @@ def measurement_notes(device: torch.device) -> list[str]:
         timing = "triton.testing.do_bench (CUDA events, L2 flushed before each call)"
     else:
         timing = (f"torch.utils.benchmark.Timer.blocked_autorange on {torch.get_num_threads()} "
-                  "threads, 20/80 quantiles over blocks; inputs cycled through enough sets "
+                  f"threads, the providers taking turns ({harness.CPU_ROUNDS} rounds of blocks each), "
+                  "20/80 quantiles over blocks; inputs cycled through enough sets "
                   "to fill twice the last-level cache")
     return [
         f"Timing: {timing}. GB/s counts the minimal bytes of the pass (fwd: x, w, b, y, "

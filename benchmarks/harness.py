@@ -1,7 +1,8 @@
 """Measuring: time of a call (median and 20/80 quantiles), copy bandwidth, peak memory.
 
 GPU: triton.testing.do_bench (CUDA events, L2 flushed before every call). CPU:
-torch.utils.benchmark.Timer.blocked_autorange with all of torch's threads. A call is given
+torch.utils.benchmark.Timer.blocked_autorange with all of torch's threads, the providers of
+a case taking turns (time_side_by_side). A call is given
 as a list of equivalent callables on different input sets; the timer cycles through them,
 so inputs larger than the CPU's last-level cache are read from memory, as on the GPU.
 """
@@ -79,20 +80,42 @@ def time_calls(
         )
         return Timing(ms, p20, p80)
 
+    return time_side_by_side([calls], device, budget_s)[0]
+
+
+# CPU side-by-side timing: rounds in which every provider runs one slice of blocks in turn.
+CPU_ROUNDS = 5
+
+
+def time_side_by_side(
+    calls_per_provider: Sequence[Sequence[Callable[[], object]]], device: torch.device,
+    budget_s: float,
+) -> list[Timing]:
+    """One Timing per provider (its `calls` cycled through). On the CPU the providers take
+    turns, a slice of blocks each, for CPU_ROUNDS rounds: a machine shared with other work
+    speeds up and slows down over seconds, and timing one provider after the other would
+    hand such a phase to one of them (seen: the same kernel 0.7x and 1.5x PyTorch in two
+    runs); in turns, each provider gets its share of every phase. Long calls get at least
+    one block per round. On the GPU (steady, timed by events), one provider after the other."""
+    if device.type == "cuda":
+        return [time_calls(calls, device, budget_s) for calls in calls_per_provider]
     from torch.utils.benchmark import Timer
 
-    for _ in range(max(2, len(calls))):  # warm-up: caches, allocator, lazy init
+    timers, slices = [], []
+    for calls in calls_per_provider:
+        fn = _cycling(calls)
+        for _ in range(max(2, len(calls))):  # warm-up: caches, allocator, lazy init
+            fn()
+        start = time.perf_counter()
         fn()
-    start = time.perf_counter()
-    fn()
-    estimate_s = time.perf_counter() - start
-    # Long calls get at least ~10 blocks, so that one slow block (another process woke up)
-    # does not become the median.
-    measurement = Timer(
-        "fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
-    ).blocked_autorange(min_run_time=max(budget_s, 10 * estimate_s))
-    times = sorted(measurement.times)  # seconds per call, one value per block of calls
-    return Timing(*(1e3 * _quantile(times, q) for q in QUANTILES))
+        estimate_s = time.perf_counter() - start
+        timers.append(Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()))
+        slices.append(max(budget_s / CPU_ROUNDS, estimate_s))
+    times: list[list[float]] = [[] for _ in timers]
+    for _ in range(CPU_ROUNDS):
+        for i, (timer, slice_s) in enumerate(zip(timers, slices)):
+            times[i] += timer.blocked_autorange(min_run_time=slice_s).times
+    return [Timing(*(1e3 * _quantile(sorted(t), q) for q in QUANTILES)) for t in times]
 
 
 def copy_bandwidth_gbps(device: torch.device, budget_s: float = 0.5) -> float:

@@ -230,9 +230,11 @@ def run(
             for pass_name in _timing_order(settings.passes):
                 with _graphs_for(pass_name):
                     per_provider = [(p, _calls(pass_name, p, case.inputs)) for p in good]
-                for provider, calls in per_provider:
-                    bar.set_postfix_str(f"{label} {pass_name} {provider.name}")
-                    timing = harness.time_calls(calls, device, settings.budget_s)
+                bar.set_postfix_str(f"{label} {pass_name}: timing side by side")
+                timings = harness.time_side_by_side([calls for _, calls in per_provider],
+                                                    device, settings.budget_s)
+                for (provider, calls), timing in zip(per_provider, timings):
+                    bar.set_postfix_str(f"{label} {pass_name} {provider.name}: memory")
                     peak, saved = _memory_mb(pass_name, calls[0], device)
                     rows.append(_row(case, pass_name, provider.name, timing, peak, saved))
                     bar.update(1)
