@@ -101,20 +101,25 @@ def time_side_by_side(
         return [time_calls(calls, device, budget_s) for calls in calls_per_provider]
     from torch.utils.benchmark import Timer
 
-    timers, slices = [], []
+    # Per provider: calls per block (a block of ~10 ms, at least one call) and blocks per
+    # round (the budget split over the rounds, at least one block), from one timed call.
+    timers, numbers, blocks = [], [], []
     for calls in calls_per_provider:
         fn = _cycling(calls)
         for _ in range(max(2, len(calls))):  # warm-up: caches, allocator, lazy init
             fn()
         start = time.perf_counter()
         fn()
-        estimate_s = time.perf_counter() - start
+        estimate_s = max(time.perf_counter() - start, 1e-7)
+        number = max(1, round(0.01 / estimate_s))
         timers.append(Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()))
-        slices.append(max(budget_s / CPU_ROUNDS, estimate_s))
+        numbers.append(number)
+        blocks.append(max(1, round(budget_s / CPU_ROUNDS / (number * estimate_s))))
     times: list[list[float]] = [[] for _ in timers]
     for _ in range(CPU_ROUNDS):
-        for i, (timer, slice_s) in enumerate(zip(timers, slices)):
-            times[i] += timer.blocked_autorange(min_run_time=slice_s).times
+        for i, timer in enumerate(timers):
+            for _ in range(blocks[i]):
+                times[i].append(timer.timeit(numbers[i]).median)  # seconds per call
     return [Timing(*(1e3 * _quantile(sorted(t), q) for q in QUANTILES)) for t in times]
 
 
