@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch
 import torch.nn.functional as F
 
-from benchmarks import availability, cli, harness, plotting, report, runner
+from benchmarks import availability, cli, floors, harness, plotting, report, runner
 
 try:
     import fusednorm
@@ -26,7 +26,7 @@ except ImportError:  # reported by availability.fusednorm_skip_reason
     fusednorm = None
 
 SUITE = "layer_norm"
-PROVIDERS = ["fusednorm", "torch", "torch.compile", "liger"]
+PROVIDERS = ["fusednorm", "torch", "torch.compile", "liger", floors.FRESH_COPY]
 EPS = 1e-5
 
 # CPU: a training batch of 16384 tokens at the widths of small to large models, and an odd
@@ -84,6 +84,13 @@ FUNCTIONS = {
 }
 
 
+def _provider(name: str, weight, bias) -> runner.Provider:
+    if name == floors.FRESH_COPY:  # the floor: not a LayerNorm, not checked
+        return runner.Provider(name, floors.fresh_copy, [], check=False)
+    return runner.Provider(name, functools.partial(FUNCTIONS[name], weight=weight, bias=bias),
+                           [weight, bias])
+
+
 def case_builder(M: int, N: int, dtype: torch.dtype, device: torch.device, names):
     """A callable that allocates and returns the Case (deferred, so one case lives at a time)."""
 
@@ -108,11 +115,7 @@ def case_builder(M: int, N: int, dtype: torch.dtype, device: torch.device, names
 
         return runner.Case(
             dtype=dtype, fields={"M": M, "N": N}, inputs=inputs,
-            providers=[
-                runner.Provider(name, functools.partial(FUNCTIONS[name], weight=weight, bias=bias),
-                                [weight, bias])
-                for name in names
-            ],
+            providers=[_provider(name, weight, bias) for name in names],
             reference=reference,
             output_names=["y", "dx", "dweight", "dbias"], bytes=minimal_bytes(M, N, dtype),
         )
@@ -151,13 +154,16 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     names = usable_providers(args.providers, device, notes)
     for note in notes:
         print(f"[{SUITE}] {note}", file=sys.stderr)
-    settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device), notes=notes)
+    settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),
+                               floor_provider=floors.FRESH_COPY, floor_key=floors.FLOOR_KEY,
+                               notes=notes)
     builders = [case_builder(M, N, dtype, device, names)
                 for dtype in dtypes for M, N, *_ in shapes]
     result = runner.run(settings, builders, providers_per_case=len(names))
     notes += measurement_notes(device)
     md = report.markdown(result, ["dtype", "M", "N"],
-                         [report.MS, report.GBPS, report.SPEEDUP], notes)
+                         [report.MS, report.GBPS, report.FRESH_COPY,
+                          report.SPEEDUP.without(floors.FRESH_COPY)], notes)
     folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
 
@@ -192,6 +198,7 @@ def measurement_notes(device: torch.device) -> list[str]:
         "allocator's peak above what was allocated before the call"
         + (" (CPU: from the profiler's allocation events)" if device.type == "cpu" else "")
         + ".",
+        floors.NOTE,
         "Every provider was checked against a float64 reference before it was timed.",
     ]
 

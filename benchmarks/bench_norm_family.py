@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch
 import torch.nn.functional as F
 
-from benchmarks import availability, bench_layer_norm, cli, harness, report, runner
+from benchmarks import availability, bench_layer_norm, cli, floors, harness, report, runner
 
 try:
     import fusednorm
@@ -91,14 +91,17 @@ def _liger_rms(x, r, w):
 RMS_NORM = NormSuite("rms_norm", {
     "fusednorm": lambda x, r, w: fusednorm.rms_norm(x, x.shape[-1:], w, EPS),
     "torch": _rms, "torch.compile": torch.compile(_rms, dynamic=False), "liger": _liger_rms,
+    floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x),
 }, residual=False, outputs=["y"])
 ADD_RMS_NORM = NormSuite("add_rms_norm", {
     "fusednorm": lambda x, r, w: fusednorm.add_rms_norm(x, r, x.shape[-1:], w, EPS),
     "torch": _add_rms, "torch.compile": torch.compile(_add_rms, dynamic=False),
+    floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x, r),
 }, residual=True, outputs=["y", "s"])
 ADD_LAYER_NORM = NormSuite("add_layer_norm", {
     "fusednorm": lambda x, r, w: fusednorm.add_layer_norm(x, r, x.shape[-1:], w, None, EPS),
     "torch": _add_layer_norm, "torch.compile": torch.compile(_add_layer_norm, dynamic=False),
+    floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x, r),
 }, residual=True, outputs=["y", "s"])
 SUITES = {s.SUITE: s for s in (RMS_NORM, ADD_LAYER_NORM, ADD_RMS_NORM)}
 
@@ -141,6 +144,8 @@ def case_builder(suite: NormSuite, M: int, N: int, dtype, device, names):
 
         def provider(name):
             fn = suite.functions[name]
+            if name == floors.FRESH_COPY:  # the floor: differentiable in x only, not checked
+                return runner.Provider(name, lambda x: fn(x, residual, weight), [], check=False)
             return runner.Provider(name, lambda x: fn(x, residual, weight), params)
 
         grads = ["dx", "dweight"] + (["dresidual"] if suite.residual else [])
@@ -183,6 +188,7 @@ def run(suite: NormSuite, args: argparse.Namespace):
     for note in notes:
         print(f"[{suite.SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(suite.SUITE, device, args.passes, cli.budget_s(args, device),
+                               floor_provider=floors.FRESH_COPY, floor_key=floors.FLOOR_KEY,
                                notes=notes)
     builders = [case_builder(suite, M, N, dtype, device, names)
                 for dtype in dtypes for M, N, *_ in shapes]
@@ -193,8 +199,10 @@ def run(suite: NormSuite, args: argparse.Namespace):
         + (", ds" if suite.residual else "") + ", rstd, w, dx, dw); % copy is that over the "
         "copy bandwidth of the same run; × torch is eager's time over the provider's. Every "
         "provider was checked against a float64 reference before it was timed.")
-    md = report.markdown(result, ["dtype", "M", "N"], [report.MS, report.GBPS, report.SPEEDUP],
-                         notes)
+    notes.append(floors.NOTE)
+    md = report.markdown(result, ["dtype", "M", "N"],
+                         [report.MS, report.GBPS, report.FRESH_COPY,
+                          report.SPEEDUP.without(floors.FRESH_COPY)], notes)
     # The same GB/s-against-copy plot as the layer_norm suite's.
     folder = report.write(result, out, md, lambda path: bench_layer_norm.draw(result, path, notes))
     return result, md, folder

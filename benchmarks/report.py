@@ -41,6 +41,11 @@ SPEEDUP = Column(
     "× torch", lambda r, b: "–" if b is None else f"{b['ms'] / r['ms']:.2f}×",
     skip=frozenset({BASELINE}),
 )
+FRESH_COPY = Column(
+    "% of fresh-copy",
+    lambda r, b: "–" if r.get("pct_of_fresh_copy") is None else f"{r['pct_of_fresh_copy']:.0f}%",
+    skip=frozenset({"fresh-copy"}),
+)
 PEAK = Column("peak MiB", lambda r, b: _fmt(r["peak_mem_mb"], ".1f"))
 SAVED = Column("saved MiB", lambda r, b: _fmt(r.get("saved_mb"), ".1f"))
 

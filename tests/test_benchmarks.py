@@ -15,6 +15,7 @@ TOP_KEYS = ["suite", "device", "device_kind", "torch", "commit", "date", "copy_g
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
             "pct_of_copy", "peak_mem_mb", "saved_mb"]
 FFN_ROW_KEYS = ROW_KEYS + ["hidden", "tflops", "pct_of_gemm"]
+NORM_ROW_KEYS = ROW_KEYS + ["pct_of_fresh_copy"]  # the norm suites' floor
 
 
 def _run(module, tmp_path, *argv):
@@ -31,17 +32,22 @@ def _check_files(result, folder, suite):
 
 def test_layer_norm_results_format(tmp_path):
     result, md, folder = _run(bench_layer_norm, tmp_path, "--shapes", "64x32,7x5",
-                              "--dtypes", "fp32,bf16", "--providers", "fusednorm,torch")
+                              "--dtypes", "fp32,bf16", "--providers", "fusednorm,torch,fresh-copy")
     assert list(result) == TOP_KEYS
     assert result["suite"] == "layer_norm" and result["device_kind"] == "cpu"
     assert result["copy_gbps"] > 0
-    assert len(result["rows"]) == 3 * 2 * 2 * 2  # passes x shapes x dtypes x providers
+    assert len(result["rows"]) == 3 * 2 * 2 * 3  # passes x shapes x dtypes x providers
+    floor_ms = {(r["pass"], r["dtype"], r["M"]): r["ms"] for r in result["rows"]
+                if r["provider"] == "fresh-copy"}
     for row in result["rows"]:
-        assert sorted(row) == sorted(ROW_KEYS)
+        assert sorted(row) == sorted(NORM_ROW_KEYS)
+        floor = floor_ms[row["pass"], row["dtype"], row["M"]]
+        assert row["pct_of_fresh_copy"] == pytest.approx(100 * floor / row["ms"], rel=1e-2)
         assert row["ms_p20"] <= row["ms"] <= row["ms_p80"]
         assert row["pct_of_copy"] == pytest.approx(100 * row["gbps"] / result["copy_gbps"],
                                                    rel=1e-2)
-    assert [r["pass"] for r in result["rows"]][::8] == ["fwd", "bwd", "fwd+bwd"]
+    assert [r["pass"] for r in result["rows"]][::12] == ["fwd", "bwd", "fwd+bwd"]
+    assert "fusednorm % of fresh-copy" in md and "fresh-copy × torch" not in md
     _check_files(result, folder, "layer_norm")
     assert "fusednorm × torch" in md
     # The training-step table: each provider's fwd+bwd over its fwd + bwd, from the rows.
@@ -50,7 +56,7 @@ def test_layer_norm_results_format(tmp_path):
                                                       + ms["bwd", "float32", 64, "torch"])
     section = md.split("## fwd+bwd against fwd + bwd")[1]
     float32_line = next(line for line in section.splitlines() if line.startswith("| float32 | 64 |"))
-    assert float32_line.rstrip(" |").endswith(f"= {ratio:.2f}")
+    assert f"= {ratio:.2f} |" in float32_line  # torch's column, before the floor's
 
 
 def test_gelu_ffn_results_format(tmp_path):
@@ -190,9 +196,29 @@ def test_norm_family_results_format(tmp_path, suite):
 
     module = bench_norm_family.SUITES[suite]
     result, md, folder = _run(module, tmp_path, "--shapes", "16x24", "--dtypes", "fp32",
-                              "--providers", "fusednorm,torch", "--passes", "fwd,fwd+bwd")
+                              "--providers", "fusednorm,torch,fresh-copy",
+                              "--passes", "fwd,fwd+bwd")
     assert list(result) == TOP_KEYS and result["suite"] == suite
-    assert len(result["rows"]) == 2 * 2  # passes x providers: both passed the reference check
+    assert len(result["rows"]) == 2 * 3  # passes x providers: all ran (the floor unchecked)
     for row in result["rows"]:
-        assert sorted(row) == sorted(ROW_KEYS)
+        assert sorted(row) == sorted(NORM_ROW_KEYS)
     _check_files(result, folder, suite)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_fresh_copy_floor_moves_the_rows_of_a_norm(residual):
+    """The floor reads x (and r) and writes new tensors of the same values; its backward
+    reads x and the output gradients into a new dx (so it moves what a norm's must)."""
+    from benchmarks import floors
+
+    x = torch.randn(5, 7, requires_grad=True)
+    r = torch.randn(5, 7, requires_grad=True) if residual else None
+    outputs = floors.fresh_copy(x, r)
+    outputs = outputs if residual else (outputs,)
+    inputs = (x, r) if residual else (x,)
+    for out, source in zip(outputs, inputs):
+        assert torch.equal(out, source) and out.data_ptr() != source.data_ptr()
+    dys = [torch.randn(5, 7) for _ in outputs]
+    (dx,) = torch.autograd.grad(outputs, [x], dys)
+    expected = dys[1] + dys[0] * x if residual else dys[0] + x
+    torch.testing.assert_close(dx, expected.detach())

@@ -147,15 +147,46 @@ def test_constant_rows_give_bias(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_nonfinite_values_stay_in_their_row(device, bad):
-    x = random_input((4, 257), torch.float32, device)
+def test_nonfinite_values_stay_in_their_row(device, dtype, bad):
+    x = random_input((4, 257), dtype, device)
     x[2, 100] = bad
     out = fusednorm.layer_norm(x, (257,))
     assert torch.isnan(out[2]).all(), "a NaN/inf row normalizes to NaN, as in PyTorch"
     for row in (0, 1, 3):
         assert torch.isfinite(out[row]).all()
     torch.testing.assert_close(out[[0, 1, 3]], F.layer_norm(x[[0, 1, 3]], (257,)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nonfinite_params_give_nan_and_inf_where_pytorch_does(device, dtype):
+    """The bfloat16 CPU store skips its NaN mask only for rows it proves NaN-free; a NaN or
+    infinite weight/bias must still come out as NaN/inf in exactly the columns PyTorch's do."""
+    x = random_input((6, 300), dtype, device)
+    weight, bias = make_params((300,), "affine", dtype, device)
+    weight[5], weight[40], bias[7] = float("inf"), float("-inf"), float("nan")
+    out = fusednorm.layer_norm(x, (300,), weight, bias)
+    expected = F.layer_norm(x.float(), (300,), weight.float(), bias.float())
+    assert torch.equal(torch.isnan(out), torch.isnan(expected))
+    assert torch.equal(torch.isinf(out), torch.isinf(expected))
+    assert torch.equal(torch.signbit(out[torch.isinf(out)]), torch.signbit(expected[torch.isinf(expected)]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_outputs_round_to_infinity_past_the_largest_value(device):
+    """Finite parameters so large that y overflows: infinities, not NaN; below the overflow,
+    the same rounding as PyTorch's float -> bfloat16 conversion."""
+    x = random_input((5, 203), torch.bfloat16, device)
+    weight = torch.full((203,), 3.0e38, device=device)
+    weight[::2] = 1.0e38  # |y| of both sides of bfloat16's largest value (3.39e38)
+    out = fusednorm.layer_norm(x, (203,), weight)
+    expected = F.layer_norm(x.float(), (203,), weight).to(torch.bfloat16)
+    assert not torch.isnan(out).any()
+    assert torch.isinf(out).any() and torch.isfinite(out).any(), "the test must cross the overflow"
+    torch.testing.assert_close(out, expected, rtol=1.6e-2, atol=0)
+    assert torch.equal(torch.isinf(out), torch.isinf(expected))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <tuple>
 
 #include "common/checks.h"
@@ -29,6 +30,24 @@ const P* data_or_null(const OptTensor& t) {
 OptTensor in_acc_type(const OptTensor& param, at::ScalarType acc) {
   if (!given(param) || param->scalar_type() == acc) return param;
   return param->to(acc);
+}
+
+// Whether weight and bias (where given) are free of NaN and infinity; asked only where the
+// answer changes the kernel (bfloat16 outputs, see row_output_has_no_nan).
+bool params_finite(const OptTensor& weight, const OptTensor& bias, const at::Tensor& input) {
+  if (input.scalar_type() != at::kBFloat16) return false;
+  for (const OptTensor* p : {&weight, &bias}) {  // float (in_acc_type), contiguous
+    if (!given(*p)) continue;
+    // Exponent bits all ones: NaN or infinity. Integer tests, so the loop vectorizes.
+    const auto* bits = static_cast<const uint32_t*>((*p)->const_data_ptr());
+    constexpr uint32_t kExponent = 0x7f800000u;
+    uint32_t non_finite = 0;
+    for (int64_t i = 0, n = (*p)->numel(); i < n; ++i) {
+      non_finite |= static_cast<uint32_t>((bits[i] & kExponent) == kExponent);
+    }
+    if (non_finite != 0) return false;
+  }
+  return true;
 }
 
 template <typename T>
@@ -68,7 +87,7 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
         out.mutable_data_ptr<T>(),       data_or_null<T>(sum),
         data_or_null<acc_t>(mean),       rstd.mutable_data_ptr<acc_t>(),
         M,                               N,
-        static_cast<acc_t>(eps)};
+        static_cast<acc_t>(eps),         params_finite(weight_acc, bias_acc, input)};
     dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
       norm_fwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(args);
     });

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/welford.h"
+#include "common/dispatch.h"
 #include "cpu/partials.h"
 #include "cpu/vec_io.h"
 
@@ -124,44 +125,80 @@ acc_t row_mean_square(const T* x, int64_t N) {
   return N > 0 ? total / N : acc_t(0);
 }
 
-// y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
-// shift = mean = 0 for RMSNorm): one rounding to T at the store.
-template <typename T, typename acc_t, bool kWeight, bool kBias>
-void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
-                   const acc_t* weight, const acc_t* bias, bool stream) {
+// Whether y = xhat * weight + bias is NaN-free for a row with these statistics, given finite
+// weight and bias: mean and rstd finite and rstd > 0 mean every x - mean was finite, so
+// |xhat| <= sqrt(N), and xhat * weight + bias may overflow to infinity but not become NaN.
+// (A non-finite x makes the statistics non-finite.)
+template <typename acc_t>
+inline bool row_output_has_no_nan(bool params_finite, acc_t mean, acc_t rstd) {
+  return params_finite && std::isfinite(mean) && std::isfinite(rstd) && rstd > acc_t(0);
+}
+
+// The vectorized part of normalize_row, [0, vec_end), one variant per store flavor. A
+// function of its own with everything passed by value: a lambda capturing by reference had
+// the compiler reload the row constants after every store (they might alias y).
+template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream>
+void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t vec_end,
+                          acc_t shift, acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
+                          const acc_t* __restrict__ bias) {
   using IO = VecIO<T, acc_t>;
   using ParamIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
   static_assert(ParamIO::kWidth == IO::kWidth);
   const Vec vshift(shift), vmean(mean), vrstd(rstd);
-  const int64_t vec_end = N - N % IO::kWidth;
   for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
     Vec lo, hi;
     IO::load(x + i, lo, hi);
     lo = (lo - vshift - vmean) * vrstd;
     hi = (hi - vshift - vmean) * vrstd;
-    if constexpr (kWeight) {
-      Vec wlo, whi;
-      ParamIO::load(weight + i, wlo, whi);
+    Vec wlo(1), whi(1), blo(0), bhi(0);
+    if constexpr (kWeight) ParamIO::load(weight + i, wlo, whi);
+    if constexpr (kBias) ParamIO::load(bias + i, blo, bhi);
+    if constexpr (kWeight && kBias) {
+      lo = at::vec::fmadd(lo, wlo, blo);
+      hi = at::vec::fmadd(hi, whi, bhi);
+    } else if constexpr (kWeight) {
       lo = lo * wlo;
       hi = hi * whi;
-    }
-    if constexpr (kBias) {
-      Vec blo, bhi;
-      ParamIO::load(bias + i, blo, bhi);
+    } else if constexpr (kBias) {
       lo = lo + blo;
       hi = hi + bhi;
     }
-    if (stream) {
-      IO::store_streaming(y + i, lo, hi);
+    if constexpr (kStream) {
+      IO::template store_streaming<kNoNaN>(y + i, lo, hi);
     } else {
-      IO::store(y + i, lo, hi);
+      IO::template store<kNoNaN>(y + i, lo, hi);
     }
   }
+}
+
+// y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
+// shift = mean = 0 for RMSNorm): one rounding to T at the store. no_nan: the row's outputs
+// are known not to be NaN (row_output_has_no_nan), so bfloat16 rounds without a NaN mask.
+template <typename T, typename acc_t, bool kWeight, bool kBias>
+void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
+                   const acc_t* weight, const acc_t* bias, bool stream, bool no_nan) {
+  const int64_t vec_end = N - N % VecIO<T, acc_t>::kWidth;
+  // Only bfloat16 rounds differently without NaN lanes; other types keep one variant.
+  constexpr bool kNoNaNMatters = std::is_same_v<T, c10::BFloat16>;
+  dispatch_bool(stream, [&](auto kStream) {
+    if (kNoNaNMatters && no_nan) {
+      normalize_vectorized<T, acc_t, kWeight, kBias, true, decltype(kStream)::value>(
+          x, y, vec_end, shift, mean, rstd, weight, bias);
+    } else {
+      normalize_vectorized<T, acc_t, kWeight, kBias, false, decltype(kStream)::value>(
+          x, y, vec_end, shift, mean, rstd, weight, bias);
+    }
+  });
   for (int64_t i = vec_end; i < N; ++i) {
     acc_t v = (static_cast<acc_t>(x[i]) - shift - mean) * rstd;
-    if constexpr (kWeight) v *= weight[i];
-    if constexpr (kBias) v += bias[i];
+    if constexpr (kWeight && kBias) {
+      v = std::fma(v, weight[i], bias[i]);
+    } else if constexpr (kWeight) {
+      v *= weight[i];
+    } else if constexpr (kBias) {
+      v += bias[i];
+    }
     y[i] = static_cast<T>(v);
   }
 }
@@ -197,6 +234,7 @@ struct NormFwdArgs {
   acc_t* rstd;
   int64_t M, N;
   acc_t eps;
+  bool params_finite;  // weight and bias (where given) have no NaN or infinity
 };
 
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
@@ -221,13 +259,15 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
         a.rstd[row] = rstd;
         // x - shift is exact for the values near shift where it matters, so y keeps the
         // precision of the shifted statistics.
-        normalize_row<T, acc_t, kWeight, kBias>(xr, yr, N, shift, stats.mean, rstd,
-                                                   a.weight, a.bias, stream_row);
+        normalize_row<T, acc_t, kWeight, kBias>(
+            xr, yr, N, shift, stats.mean, rstd, a.weight, a.bias, stream_row,
+            row_output_has_no_nan(a.params_finite, a.mean[row], rstd));
       } else {
         const acc_t rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(xr, N) + a.eps);
         a.rstd[row] = rstd;
-        normalize_row<T, acc_t, kWeight, false>(xr, yr, N, acc_t(0), acc_t(0), rstd,
-                                                   a.weight, nullptr, stream_row);
+        normalize_row<T, acc_t, kWeight, false>(
+            xr, yr, N, acc_t(0), acc_t(0), rstd, a.weight, nullptr, stream_row,
+            row_output_has_no_nan(a.params_finite, acc_t(0), rstd));
       }
     }
     if (stream) streaming_fence();
@@ -242,7 +282,7 @@ void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc
     for (int64_t row = begin; row < end; ++row) {
       normalize_row<T, acc_t, kWeight, kBias>(x + row * N, y + row * N, N, acc_t(0),
                                                  mean ? mean[row] : acc_t(0), rstd[row],
-                                                 weight, bias, false);
+                                                 weight, bias, false, false);
     }
   });
 }
