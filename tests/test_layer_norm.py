@@ -175,6 +175,35 @@ def test_nonfinite_params_give_nan_and_inf_where_pytorch_does(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("where", ["dy", "weight"])
+def test_nonfinite_gradients_give_nan_where_pytorch_does(device, dtype, where):
+    """Backward with a NaN in dy (its row of dx, and a column of dweight, become NaN) or in
+    the weight (all of dx): NaN exactly where PyTorch's float32 backward has them (the bfloat16
+    CPU store drops its NaN mask only where no NaN can be mis-rounded). (An infinite weight
+    would make inf - inf, NaN or not by the order of operations: no pattern to compare.)"""
+    x = random_input((9, 300), dtype, device).requires_grad_()
+    weight, bias = (p.requires_grad_() for p in make_params((300,), "affine", dtype, device))
+    dy = random_input((9, 300), dtype, device, seed=5)
+    if where == "dy":
+        dy[4, 17] = float("nan")
+    else:
+        with torch.no_grad():
+            weight[23] = float("nan")
+    grads = torch.autograd.grad(fusednorm.layer_norm(x, (300,), weight, bias), (x, weight, bias), dy)
+    leaves = [t.detach().float().requires_grad_() for t in (x, weight, bias)]
+    expected = torch.autograd.grad(F.layer_norm(leaves[0], (300,), leaves[1], leaves[2]),
+                                   leaves, dy.float())
+    assert torch.isnan(expected[0]).any(), "the test must make NaNs"
+    for name, got, want in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), name
+        finite = torch.isfinite(want)
+        if finite.any():
+            torch.testing.assert_close(got[finite].float(), want[finite],
+                                       rtol=0.05, atol=0.05 * want[finite].abs().max().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bfloat16_outputs_round_to_infinity_past_the_largest_value(device):
     """Finite parameters so large that y overflows: infinities, not NaN; below the overflow,
     the same rounding as PyTorch's float -> bfloat16 conversion."""

@@ -33,7 +33,8 @@ OptTensor in_acc_type(const OptTensor& param, at::ScalarType acc) {
 }
 
 // Whether weight and bias (where given) are free of NaN and infinity; asked only where the
-// answer changes the kernel (bfloat16 outputs, see row_output_has_no_nan).
+// answer changes the kernel (bfloat16 outputs: row_output_has_no_nan,
+// tile_rounds_without_nan_mask).
 bool params_finite(const OptTensor& weight, const OptTensor& bias, const at::Tensor& input) {
   if (input.scalar_type() != at::kBFloat16) return false;
   for (const OptTensor* p : {&weight, &bias}) {  // float (in_acc_type), contiguous
@@ -123,7 +124,8 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
               grad_out.const_data_ptr<T>(), data_or_null<T>(grad_sum),
               input.const_data_ptr<T>(),    centered ? mean.const_data_ptr<acc_t>() : nullptr,
               rstd.const_data_ptr<acc_t>(), data_or_null<acc_t>(weight_acc),
-              grad_input.mutable_data_ptr<T>(), M, N};
+              grad_input.mutable_data_ptr<T>(), M, N,
+              params_finite(weight_acc, std::nullopt, input)};
           dispatch_bools(centered, given(weight), [&](auto c, auto w) {
             dispatch_bool(param_grads, [&](auto grads) {
               norm_bwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value,

@@ -345,14 +345,39 @@ struct NormBwdArgs {
   const acc_t* weight;
   T* dx;
   int64_t M, N;
+  bool weight_finite;  // no NaN or infinity in weight (true without one)
 };
+
+// Row statistics of a backward tile: the forward's mean and rstd, and row_grad_means.
+template <typename acc_t>
+struct TileStats {
+  acc_t mean[kRowTile], rstd[kRowTile], mean_g[kRowTile], mean_gx[kRowTile];
+};
+
+// Whether a tile's dx may use the bfloat16 rounding without a NaN mask. That rounding is
+// exact for every float except NaNs whose payload sits in the low 16 bits (they would come
+// out as infinity, or carry into the sign). The NaNs a backward can make are x86's default
+// NaN (0xffc00000) or one propagated from an operand; dy, x and dsum are bfloat16 (their
+// NaNs have 16 zero low bits and a non-zero upper payload), so it is enough that the float
+// operands (weight, mean, rstd) hold no NaN at all.
+template <typename acc_t>
+inline bool tile_rounds_without_nan_mask(bool weight_finite, const TileStats<acc_t>& s,
+                                         int64_t rows) {
+  if (!weight_finite) return false;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!std::isfinite(s.mean[r]) || !std::isfinite(s.rstd[r])) return false;
+  }
+  return true;
+}
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum) for `rows` (<= kRowTile)
 // consecutive rows from `row`, and (kParamGrads) their dy * xhat and dy added to the
-// partials. The rows were just read by row_grad_means: this sweep is served from cache.
-template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
-void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
-                   acc_t* dweight_part, acc_t* dbias_part, bool stream) {
+// partials, over the vectorized columns [0, vec_end). The rows were just read by
+// row_grad_means: this sweep is served from cache.
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads, bool kNoNaN>
+void norm_bwd_tile_vectorized(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
+                              const TileStats<acc_t>& s, acc_t* dweight_part,
+                              acc_t* dbias_part, bool stream) {
   using IO = VecIO<T, acc_t>;
   using ParamIO = VecIO<acc_t, acc_t>;
   using AccIO = VecIO<acc_t, acc_t>;
@@ -364,13 +389,7 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
   const T* x = a.x + row * N;
   const T* dsum = a.dsum ? a.dsum + row * N : nullptr;
   T* dx = a.dx + row * N;
-  acc_t mean[kRowTile], rstd[kRowTile], mean_g[kRowTile], mean_gx[kRowTile];
-  for (int64_t r = 0; r < rows; ++r) {
-    mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
-    rstd[r] = a.rstd[row + r];
-    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, acc_t, kCentered, kWeight>(
-        dy + r * N, x + r * N, mean[r], rstd[r], a.weight, N);
-  }
+  const acc_t *mean = s.mean, *rstd = s.rstd, *mean_g = s.mean_g, *mean_gx = s.mean_gx;
   const int64_t vec_end = N - N % W;
   for (int64_t i = 0; i < vec_end; i += W) {
     Vec wlo(1), whi(1), pw_lo(0), pw_hi(0), pb_lo(0), pb_hi(0);
@@ -396,9 +415,9 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
         out_hi = out_hi + shi;
       }
       if (stream) {
-        IO::store_streaming(dx + r * N + i, out_lo, out_hi);
+        IO::template store_streaming<kNoNaN>(dx + r * N + i, out_lo, out_hi);
       } else {
-        IO::store(dx + r * N + i, out_lo, out_hi);
+        IO::template store<kNoNaN>(dx + r * N + i, out_lo, out_hi);
       }
       if constexpr (kParamGrads) {
         pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
@@ -413,6 +432,34 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
       AccIO::store(dweight_part + i, pw_lo, pw_hi);
       if constexpr (kCentered) AccIO::store(dbias_part + i, pb_lo, pb_hi);
     }
+  }
+}
+
+// One backward tile (see norm_bwd_tile_vectorized), its scalar tail columns included.
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
+void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
+                   acc_t* dweight_part, acc_t* dbias_part, bool stream) {
+  const int64_t N = a.N;
+  const T* dy = a.dy + row * N;
+  const T* x = a.x + row * N;
+  const T* dsum = a.dsum ? a.dsum + row * N : nullptr;
+  T* dx = a.dx + row * N;
+  TileStats<acc_t> s;
+  acc_t *mean = s.mean, *rstd = s.rstd, *mean_g = s.mean_g, *mean_gx = s.mean_gx;
+  for (int64_t r = 0; r < rows; ++r) {
+    mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
+    rstd[r] = a.rstd[row + r];
+    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, acc_t, kCentered, kWeight>(
+        dy + r * N, x + r * N, mean[r], rstd[r], a.weight, N);
+  }
+  const int64_t vec_end = N - N % VecIO<T, acc_t>::kWidth;
+  // Only bfloat16 rounds differently without a NaN mask; other types keep one variant.
+  if (std::is_same_v<T, c10::BFloat16> && tile_rounds_without_nan_mask(a.weight_finite, s, rows)) {
+    norm_bwd_tile_vectorized<T, acc_t, kCentered, kWeight, kParamGrads, true>(
+        a, row, rows, s, dweight_part, dbias_part, stream);
+  } else {
+    norm_bwd_tile_vectorized<T, acc_t, kCentered, kWeight, kParamGrads, false>(
+        a, row, rows, s, dweight_part, dbias_part, stream);
   }
   for (int64_t i = vec_end; i < N; ++i) {
     const acc_t w = kWeight ? a.weight[i] : acc_t(1);

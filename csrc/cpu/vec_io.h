@@ -76,9 +76,10 @@ inline void streaming_fence() {
 }
 
 #if defined(CPU_CAPABILITY_AVX2)
-// float -> bfloat16, round to nearest even, for lanes known not to be NaN: the upper half of
-// x + 0x7fff + (bit 16 of x). Exact for every other float (infinities stay infinite, the
-// largest floats round up to infinity). ATen's conversion also masks NaN lanes (a compare
+// float -> bfloat16, round to nearest even, for lanes whose NaNs (if any) are known to carry
+// their payload in the upper 16 bits: the upper half of x + 0x7fff + (bit 16 of x). Exact
+// for every other float (infinities stay infinite, the largest floats round up to
+// infinity); a NaN with only low payload bits would come out as infinity or wrap the sign. ATen's conversion also masks NaN lanes (a compare
 // and a blend per register), which is a fifth of a bfloat16 forward in cache.
 inline at::vec::Vectorized<c10::BFloat16> round_to_bfloat16_no_nan(
     const at::vec::Vectorized<float>& lo, const at::vec::Vectorized<float>& hi) {
