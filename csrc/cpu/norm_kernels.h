@@ -71,8 +71,8 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
     count += acc_t(1);
     const Vec inv_count(acc_t(1) / count);
     Vec v[kRegs];
-    IO::load(x + i, v[0], v[1]);
-    IO::load(x + i + IO::kWidth, v[2], v[3]);
+    IO::load_any_order(x + i, v[0], v[1]);
+    IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
     for (int r = 0; r < kRegs; ++r) welford_step(v[r] - vshift, inv_count, mean[r], m2[r]);
   }
 
@@ -113,8 +113,8 @@ acc_t row_mean_square(const T* x, int64_t N) {
   const int64_t vec_end = N - N % kStep;
   for (int64_t i = 0; i < vec_end; i += kStep) {
     Vec v[4];
-    IO::load(x + i, v[0], v[1]);
-    IO::load(x + i + IO::kWidth, v[2], v[3]);
+    IO::load_any_order(x + i, v[0], v[1]);
+    IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
     for (int r = 0; r < 4; ++r) sum[r] = at::vec::fmadd(v[r], v[r], sum[r]);
   }
   acc_t total = lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3]));

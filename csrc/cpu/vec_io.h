@@ -106,6 +106,20 @@ struct VecIO {
   static inline void load(const T* p, Vec& lo, Vec& hi) {
     std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
   }
+  // The same kWidth values in some order, for sums over a row that never pair a value with
+  // a column (statistics): bfloat16 widens in two instructions, the even elements shifted
+  // into the upper half and the odd ones masked, with no cross-lane shuffle.
+  static inline void load_any_order(const T* p, Vec& lo, Vec& hi) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+      return;
+    }
+#endif
+    load(p, lo, hi);
+  }
   // kNoNaN: the caller knows that no lane is NaN (see round_to_bfloat16_no_nan).
   template <bool kNoNaN = false>
   static inline void store(T* p, const Vec& lo, const Vec& hi) {
@@ -138,6 +152,7 @@ struct VecIO<acc_t, acc_t> {
     lo = Vec::loadu(p);
     hi = Vec::loadu(p + Vec::size());
   }
+  static inline void load_any_order(const acc_t* p, Vec& lo, Vec& hi) { load(p, lo, hi); }
   template <bool kNoNaN = false>
   static inline void store(acc_t* p, const Vec& lo, const Vec& hi) {
     lo.store(p);
