@@ -329,8 +329,11 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
 }
 
 // Rows processed together in the second sweep, so that the dweight/dbias partials are
-// read and written once per tile instead of once per row.
-constexpr int64_t kRowTile = 4;
+// read and written once per tile instead of once per row. Two, not more: when a row is a
+// multiple of 4 KiB (N = 1024 float32, 2048 bfloat16, ...) the tile's rows of dy, x, dsum
+// and dx all fall in the same L1 set (8 ways); four rows overflowed it (measured, bfloat16
+// backward: 1024 x 4096 7.2 -> 2.3 ms, 4096 x 1024 2.0 -> 1.7 ms; one row is slower again).
+constexpr int64_t kRowTile = 2;
 
 // Pointers of one backward call: x is what was normalized (the sum with a residual), mean
 // null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
@@ -398,6 +401,11 @@ void norm_bwd_tile_vectorized(const NormBwdArgs<T, acc_t>& a, int64_t row, int64
       AccIO::load(dweight_part + i, pw_lo, pw_hi);
       if constexpr (kCentered) AccIO::load(dbias_part + i, pb_lo, pb_hi);
     }
+    // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
+    // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
+    // address modulo 4096, and a load behind such a store waits for it (4K aliasing: 3.5x
+    // slower at 1024 x 4096 bfloat16 than at 1024 x 4104).
+    Vec out_lo[kRowTile], out_hi[kRowTile];
     for (int64_t r = 0; r < rows; ++r) {
       const Vec vmean(mean[r]), vrstd(rstd[r]), vmean_g(mean_g[r]), vmean_gx(mean_gx[r]);
       Vec dlo, dhi, xlo, xhi;
@@ -406,18 +414,13 @@ void norm_bwd_tile_vectorized(const NormBwdArgs<T, acc_t>& a, int64_t row, int64
       xlo = (xlo - vmean) * vrstd;
       xhi = (xhi - vmean) * vrstd;
       const Vec glo = kWeight ? dlo * wlo : dlo, ghi = kWeight ? dhi * whi : dhi;
-      Vec out_lo = vrstd * (glo - vmean_g - xlo * vmean_gx);
-      Vec out_hi = vrstd * (ghi - vmean_g - xhi * vmean_gx);
+      out_lo[r] = vrstd * (glo - vmean_g - xlo * vmean_gx);
+      out_hi[r] = vrstd * (ghi - vmean_g - xhi * vmean_gx);
       if (dsum != nullptr) {  // the sum's own gradient joins in before the one rounding
         Vec slo, shi;
         IO::load(dsum + r * N + i, slo, shi);
-        out_lo = out_lo + slo;
-        out_hi = out_hi + shi;
-      }
-      if (stream) {
-        IO::template store_streaming<kNoNaN>(dx + r * N + i, out_lo, out_hi);
-      } else {
-        IO::template store<kNoNaN>(dx + r * N + i, out_lo, out_hi);
+        out_lo[r] = out_lo[r] + slo;
+        out_hi[r] = out_hi[r] + shi;
       }
       if constexpr (kParamGrads) {
         pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
@@ -426,6 +429,13 @@ void norm_bwd_tile_vectorized(const NormBwdArgs<T, acc_t>& a, int64_t row, int64
           pb_lo = pb_lo + dlo;
           pb_hi = pb_hi + dhi;
         }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      if (stream) {
+        IO::template store_streaming<kNoNaN>(dx + r * N + i, out_lo[r], out_hi[r]);
+      } else {
+        IO::template store<kNoNaN>(dx + r * N + i, out_lo[r], out_hi[r]);
       }
     }
     if constexpr (kParamGrads) {
