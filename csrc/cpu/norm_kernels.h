@@ -78,23 +78,33 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
 
   WelfordState<acc_t> total;
   if (vec_end > 0) {
-    // Equal counts: the merged mean is the mean of the lane means, and Chan's correction
-    // term is count * sum((lane_mean - mean)^2).
-    acc_t lane_mean[kLanes], lane_m2[kLanes];
-    for (int r = 0; r < kRegs; ++r) {
-      mean[r].store(lane_mean + r * Vec::size());
-      m2[r].store(lane_m2 + r * Vec::size());
+    // Equal counts everywhere, so Chan's merge of two lanes is exact and cheap: the mean of
+    // the two means, and M2a + M2b + (mean_a - mean_b)^2 * n / 2. The registers are merged
+    // pairwise as vectors first (a short row pays little for the merge: the scalar one over
+    // all 32 lanes was a quarter of a 128-wide row's forward), then the lanes of the last.
+    acc_t n = count;
+    for (int width = kRegs; width > 1; width /= 2, n *= 2) {
+      const Vec half_n(n / 2), half(acc_t(0.5));
+      for (int r = 0; r < width / 2; ++r) {
+        const Vec d = mean[r] - mean[r + width / 2];
+        m2[r] = at::vec::fmadd(d * d, half_n, m2[r] + m2[r + width / 2]);
+        mean[r] = (mean[r] + mean[r + width / 2]) * half;
+      }
     }
+    constexpr int kLastLanes = Vec::size();
+    acc_t lane_mean[kLastLanes], lane_m2[kLastLanes];
+    mean[0].store(lane_mean);
+    m2[0].store(lane_m2);
     acc_t mean_sum = 0;
-    for (int l = 0; l < kLanes; ++l) mean_sum += lane_mean[l];
-    total.mean = mean_sum / kLanes;
+    for (int l = 0; l < kLastLanes; ++l) mean_sum += lane_mean[l];
+    total.mean = mean_sum / kLastLanes;
     acc_t m2_sum = 0, spread = 0;
-    for (int l = 0; l < kLanes; ++l) {
+    for (int l = 0; l < kLastLanes; ++l) {
       m2_sum += lane_m2[l];
       const acc_t d = lane_mean[l] - total.mean;
       spread += d * d;
     }
-    total.m2 = m2_sum + count * spread;
+    total.m2 = m2_sum + n * spread;
     total.count = count * kLanes;
   }
   WelfordState<acc_t> tail;
