@@ -39,6 +39,25 @@ inline bool use_streaming_stores(const void* output, int64_t output_bytes) {
          pages_resident(output, output_bytes);
 }
 
+// Output rows of at most this many bytes go through a staging buffer when streamed
+// (stream_copy): it stays in L1 next to the rows being read.
+constexpr int64_t kStageBytes = 16 << 10;
+
+// How a kernel's output rows reach memory: plain stores, streaming stores straight from registers
+// (rows that are whole cache lines from a line-aligned start), or streaming stores of a copy
+// staged in cache (rows that are not, but whose tile of tile_rows rows is small enough).
+enum class OutputPath { kPlain, kStream, kStaged };
+
+template <typename T>
+inline OutputPath output_path(bool stream, const T* out, int64_t N, int64_t tile_rows) {
+  if (!stream) return OutputPath::kPlain;
+  const int64_t row_bytes = N * int64_t(sizeof(T));
+  if (row_bytes % kCacheLine == 0 && reinterpret_cast<std::uintptr_t>(out) % kCacheLine == 0) {
+    return OutputPath::kStream;
+  }
+  return tile_rows * row_bytes <= kStageBytes ? OutputPath::kStaged : OutputPath::kPlain;
+}
+
 // One Welford step on a register of lanes that have all seen `count` values.
 template <typename acc_t>
 inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& inv_count,
@@ -107,9 +126,19 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
     total.m2 = m2_sum + n * spread;
     total.count = count * kLanes;
   }
-  WelfordState<acc_t> tail;
-  for (int64_t i = vec_end; i < N; ++i) tail.update(static_cast<acc_t>(x[i]) - shift);
-  total.merge(tail);
+  // The tail (fewer than kStep values) in two short passes, with no division per value.
+  if (vec_end < N) {
+    WelfordState<acc_t> tail;
+    tail.count = acc_t(N - vec_end);
+    acc_t sum = 0;
+    for (int64_t i = vec_end; i < N; ++i) sum += static_cast<acc_t>(x[i]) - shift;
+    tail.mean = sum / tail.count;
+    for (int64_t i = vec_end; i < N; ++i) {
+      const acc_t d = static_cast<acc_t>(x[i]) - shift - tail.mean;
+      tail.m2 += d * d;
+    }
+    total.merge(tail);
+  }
   return total;
 }
 
@@ -144,41 +173,61 @@ inline bool row_output_has_no_nan(bool params_finite, acc_t mean, acc_t rstd) {
   return params_finite && std::isfinite(mean) && std::isfinite(rstd) && rstd > acc_t(0);
 }
 
-// The vectorized part of normalize_row, [0, vec_end), one variant per store flavor. A
-// function of its own with everything passed by value: a lambda capturing by reference had
-// the compiler reload the row constants after every store (they might alias y).
+// ((x - shift) - mean) * rstd * weight + bias for the kWidth columns from i (kPartial: the
+// `count` columns from i, the other lanes zero).
+template <typename T, typename acc_t, bool kWeight, bool kBias, bool kPartial>
+C10_ALWAYS_INLINE void normalize_block(const T* x, const acc_t* weight, const acc_t* bias,
+                                       int64_t i, int64_t count, const Vectorized<acc_t>& vshift,
+                                       const Vectorized<acc_t>& vmean,
+                                       const Vectorized<acc_t>& vrstd, Vectorized<acc_t>& lo,
+                                       Vectorized<acc_t>& hi) {
+  using Vec = Vectorized<acc_t>;
+  load_block<kPartial>(x + i, count, lo, hi);
+  lo = (lo - vshift - vmean) * vrstd;
+  hi = (hi - vshift - vmean) * vrstd;
+  Vec wlo(1), whi(1), blo(0), bhi(0);
+  if constexpr (kWeight) load_block<kPartial>(weight + i, count, wlo, whi);
+  if constexpr (kBias) load_block<kPartial>(bias + i, count, blo, bhi);
+  if constexpr (kWeight && kBias) {
+    lo = at::vec::fmadd(lo, wlo, blo);
+    hi = at::vec::fmadd(hi, whi, bhi);
+  } else if constexpr (kWeight) {
+    lo = lo * wlo;
+    hi = hi * whi;
+  } else if constexpr (kBias) {
+    lo = lo + blo;
+    hi = hi + bhi;
+  }
+}
+
+// The vectorized part of normalize_row, one variant per store flavor, the partial last
+// block included. A function of its own with everything passed by value: a lambda
+// capturing by reference had the compiler reload the row constants after every store
+// (they might alias y).
 template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream>
-void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t vec_end,
-                          acc_t shift, acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
+void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
+                          acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
                           const acc_t* __restrict__ bias) {
   using IO = VecIO<T, acc_t>;
-  using ParamIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
-  static_assert(ParamIO::kWidth == IO::kWidth);
+  constexpr int64_t W = IO::kWidth;
+  const int64_t vec_end = N - N % W;
   const Vec vshift(shift), vmean(mean), vrstd(rstd);
-  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+  for (int64_t i = 0; i < vec_end; i += W) {
     Vec lo, hi;
-    IO::load(x + i, lo, hi);
-    lo = (lo - vshift - vmean) * vrstd;
-    hi = (hi - vshift - vmean) * vrstd;
-    Vec wlo(1), whi(1), blo(0), bhi(0);
-    if constexpr (kWeight) ParamIO::load(weight + i, wlo, whi);
-    if constexpr (kBias) ParamIO::load(bias + i, blo, bhi);
-    if constexpr (kWeight && kBias) {
-      lo = at::vec::fmadd(lo, wlo, blo);
-      hi = at::vec::fmadd(hi, whi, bhi);
-    } else if constexpr (kWeight) {
-      lo = lo * wlo;
-      hi = hi * whi;
-    } else if constexpr (kBias) {
-      lo = lo + blo;
-      hi = hi + bhi;
-    }
+    normalize_block<T, acc_t, kWeight, kBias, false>(x, weight, bias, i, W, vshift, vmean,
+                                                     vrstd, lo, hi);
     if constexpr (kStream) {
       IO::template store_streaming<kNoNaN>(y + i, lo, hi);
     } else {
       IO::template store<kNoNaN>(y + i, lo, hi);
     }
+  }
+  if (vec_end < N) {
+    Vec lo, hi;
+    normalize_block<T, acc_t, kWeight, kBias, true>(x, weight, bias, vec_end, N - vec_end,
+                                                    vshift, vmean, vrstd, lo, hi);
+    store_partial<kNoNaN>(y + vec_end, N - vec_end, lo, hi);
   }
 }
 
@@ -188,29 +237,17 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t ve
 template <typename T, typename acc_t, bool kWeight, bool kBias>
 void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
                    const acc_t* weight, const acc_t* bias, bool stream, bool no_nan) {
-  const int64_t vec_end = N - N % VecIO<T, acc_t>::kWidth;
   // Only bfloat16 rounds differently without NaN lanes; other types keep one variant.
   constexpr bool kNoNaNMatters = std::is_same_v<T, c10::BFloat16>;
   dispatch_bool(stream, [&](auto kStream) {
     if (kNoNaNMatters && no_nan) {
       normalize_vectorized<T, acc_t, kWeight, kBias, true, decltype(kStream)::value>(
-          x, y, vec_end, shift, mean, rstd, weight, bias);
+          x, y, N, shift, mean, rstd, weight, bias);
     } else {
       normalize_vectorized<T, acc_t, kWeight, kBias, false, decltype(kStream)::value>(
-          x, y, vec_end, shift, mean, rstd, weight, bias);
+          x, y, N, shift, mean, rstd, weight, bias);
     }
   });
-  for (int64_t i = vec_end; i < N; ++i) {
-    acc_t v = (static_cast<acc_t>(x[i]) - shift - mean) * rstd;
-    if constexpr (kWeight && kBias) {
-      v = std::fma(v, weight[i], bias[i]);
-    } else if constexpr (kWeight) {
-      v *= weight[i];
-    } else if constexpr (kBias) {
-      v += bias[i];
-    }
-    y[i] = static_cast<T>(v);
-  }
 }
 
 // s = a + b over one row, rounded to T (the sum in the input's dtype, as eager a + b).
@@ -251,7 +288,9 @@ template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
 void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const int64_t N = a.N;
   const bool stream = use_streaming_stores(a.y, a.M * N * sizeof(T));
+  const OutputPath path = output_path(stream, a.y, N, 1);
   at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
+    alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = a.x + row * N;
       if (a.residual != nullptr) {  // normalize the sum, read back from cache
@@ -259,8 +298,8 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
         add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
         xr = sr;
       }
-      T* yr = a.y + row * N;
-      const bool stream_row = stream && is_stream_aligned(yr);
+      T* yr = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.y + row * N;
+      const bool stream_row = path == OutputPath::kStream;
       if constexpr (kCentered) {
         const acc_t shift = N > 0 ? static_cast<acc_t>(xr[0]) : acc_t(0);
         const WelfordState<acc_t> stats = row_statistics<T, acc_t>(xr, N, shift);
@@ -279,6 +318,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
             xr, yr, N, acc_t(0), acc_t(0), rstd, a.weight, nullptr, stream_row,
             row_output_has_no_nan(a.params_finite, acc_t(0), rstd));
       }
+      if (path == OutputPath::kStaged) stream_copy(a.y + row * N, stage, N * int64_t(sizeof(T)));
     }
     if (stream) streaming_fence();
   });
@@ -327,14 +367,27 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
     sum_gx_lo = at::vec::fmadd(dlo, (xlo - vmean) * vrstd, sum_gx_lo);
     sum_gx_hi = at::vec::fmadd(dhi, (xhi - vmean) * vrstd, sum_gx_hi);
   }
-  acc_t sum_g = lane_sum(sum_g_lo + sum_g_hi);
-  acc_t sum_gx = lane_sum(sum_gx_lo + sum_gx_hi);
-  for (int64_t i = vec_end; i < N; ++i) {
-    acc_t g = static_cast<acc_t>(dy[i]);
-    if constexpr (kWeight) g *= weight[i];
-    sum_g += g;
-    sum_gx += g * (static_cast<acc_t>(x[i]) - mean) * rstd;
+  if (vec_end < N) {  // the last columns as one zero-padded block
+    const int64_t count = N - vec_end;
+    Vec dlo, dhi, xlo, xhi;
+    load_partial<T, acc_t>(dy + vec_end, count, dlo, dhi);
+    load_partial<T, acc_t>(x + vec_end, count, xlo, xhi);
+    if constexpr (kWeight) {
+      Vec wlo, whi;
+      load_partial<acc_t, acc_t>(weight + vec_end, count, wlo, whi);
+      dlo = dlo * wlo;
+      dhi = dhi * whi;
+    }
+    sum_g_lo = sum_g_lo + dlo;  // padded lanes add g = 0
+    sum_g_hi = sum_g_hi + dhi;
+    // A padded lane's xhat is that of x = 0, non-finite with non-finite statistics: masked.
+    Vec gx_lo = dlo * ((xlo - vmean) * vrstd), gx_hi = dhi * ((xhi - vmean) * vrstd);
+    keep_first_lanes(count, gx_lo, gx_hi);
+    sum_gx_lo = sum_gx_lo + gx_lo;
+    sum_gx_hi = sum_gx_hi + gx_hi;
   }
+  const acc_t sum_g = lane_sum(sum_g_lo + sum_g_hi);
+  const acc_t sum_gx = lane_sum(sum_gx_lo + sum_gx_hi);
   return {kCentered ? sum_g / N : acc_t(0), sum_gx / N};
 }
 
@@ -385,116 +438,114 @@ inline bool tile_rounds_without_nan_mask(bool weight_finite, const TileStats<acc
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum) for `rows` (<= kRowTile)
 // consecutive rows from `row`, and (kParamGrads) their dy * xhat and dy added to the
-// partials, over the vectorized columns [0, vec_end). The rows were just read by
-// row_grad_means: this sweep is served from cache.
-template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads, bool kNoNaN>
-void norm_bwd_tile_vectorized(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
-                              const TileStats<acc_t>& s, acc_t* dweight_part,
-                              acc_t* dbias_part, bool stream) {
-  using IO = VecIO<T, acc_t>;
-  using ParamIO = VecIO<acc_t, acc_t>;
-  using AccIO = VecIO<acc_t, acc_t>;
+// partials, over the columns [i, i + kWidth) (kPartial: the row's last `count` columns, the
+// other lanes zero and not stored). dx goes to dx_tile (a.dx at `row`, or a staging buffer),
+// rows N apart; stream: with streaming stores. The rows were just read by row_grad_means:
+// this sweep is served from cache.
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads,
+          bool kNoNaN, bool kPartial>
+C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int64_t row,
+                                             int64_t rows, const TileStats<acc_t>& s,
+                                             T* dx_tile, acc_t* dweight_part,
+                                             acc_t* dbias_part, int64_t i, int64_t count,
+                                             bool stream) {
   using Vec = Vectorized<acc_t>;
-  constexpr int64_t W = IO::kWidth;
-  static_assert(AccIO::kWidth == W);
   const int64_t N = a.N;
-  const T* dy = a.dy + row * N;
-  const T* x = a.x + row * N;
-  const T* dsum = a.dsum ? a.dsum + row * N : nullptr;
-  T* dx = a.dx + row * N;
-  const acc_t *mean = s.mean, *rstd = s.rstd, *mean_g = s.mean_g, *mean_gx = s.mean_gx;
-  const int64_t vec_end = N - N % W;
-  for (int64_t i = 0; i < vec_end; i += W) {
-    Vec wlo(1), whi(1), pw_lo(0), pw_hi(0), pb_lo(0), pb_hi(0);
-    if constexpr (kWeight) ParamIO::load(a.weight + i, wlo, whi);
-    if constexpr (kParamGrads) {
-      AccIO::load(dweight_part + i, pw_lo, pw_hi);
-      if constexpr (kCentered) AccIO::load(dbias_part + i, pb_lo, pb_hi);
-    }
-    // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
-    // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
-    // address modulo 4096, and a load behind such a store waits for it (4K aliasing: 3.5x
-    // slower at 1024 x 4096 bfloat16 than at 1024 x 4104).
-    Vec out_lo[kRowTile], out_hi[kRowTile];
-    for (int64_t r = 0; r < rows; ++r) {
-      const Vec vmean(mean[r]), vrstd(rstd[r]), vmean_g(mean_g[r]), vmean_gx(mean_gx[r]);
-      Vec dlo, dhi, xlo, xhi;
-      IO::load(dy + r * N + i, dlo, dhi);
-      IO::load(x + r * N + i, xlo, xhi);
-      xlo = (xlo - vmean) * vrstd;
-      xhi = (xhi - vmean) * vrstd;
-      const Vec glo = kWeight ? dlo * wlo : dlo, ghi = kWeight ? dhi * whi : dhi;
-      out_lo[r] = vrstd * (glo - vmean_g - xlo * vmean_gx);
-      out_hi[r] = vrstd * (ghi - vmean_g - xhi * vmean_gx);
-      if (dsum != nullptr) {  // the sum's own gradient joins in before the one rounding
-        Vec slo, shi;
-        IO::load(dsum + r * N + i, slo, shi);
-        out_lo[r] = out_lo[r] + slo;
-        out_hi[r] = out_hi[r] + shi;
-      }
-      if constexpr (kParamGrads) {
-        pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
-        pw_hi = at::vec::fmadd(dhi, xhi, pw_hi);
-        if constexpr (kCentered) {
-          pb_lo = pb_lo + dlo;
-          pb_hi = pb_hi + dhi;
-        }
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      if (stream) {
-        IO::template store_streaming<kNoNaN>(dx + r * N + i, out_lo[r], out_hi[r]);
-      } else {
-        IO::template store<kNoNaN>(dx + r * N + i, out_lo[r], out_hi[r]);
-      }
+  const T* dy = a.dy + row * N + i;
+  const T* x = a.x + row * N + i;
+  const T* dsum = a.dsum ? a.dsum + row * N + i : nullptr;
+  T* dx = dx_tile + i;
+  Vec wlo(1), whi(1), pw_lo(0), pw_hi(0), pb_lo(0), pb_hi(0);
+  if constexpr (kWeight) load_block<kPartial>(a.weight + i, count, wlo, whi);
+  if constexpr (kParamGrads) {
+    load_block<kPartial>(dweight_part + i, count, pw_lo, pw_hi);
+    if constexpr (kCentered) load_block<kPartial>(dbias_part + i, count, pb_lo, pb_hi);
+  }
+  // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
+  // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
+  // address modulo 4096, and a load behind such a store waits for it (4K aliasing: 3.5x
+  // slower at 1024 x 4096 bfloat16 than at 1024 x 4104).
+  Vec out_lo[kRowTile], out_hi[kRowTile];
+  for (int64_t r = 0; r < rows; ++r) {
+    const Vec vmean(s.mean[r]), vrstd(s.rstd[r]), vmean_g(s.mean_g[r]),
+        vmean_gx(s.mean_gx[r]);
+    Vec dlo, dhi, xlo, xhi;
+    load_block<kPartial>(dy + r * N, count, dlo, dhi);
+    load_block<kPartial>(x + r * N, count, xlo, xhi);
+    xlo = (xlo - vmean) * vrstd;
+    xhi = (xhi - vmean) * vrstd;
+    const Vec glo = kWeight ? dlo * wlo : dlo, ghi = kWeight ? dhi * whi : dhi;
+    out_lo[r] = vrstd * (glo - vmean_g - xlo * vmean_gx);
+    out_hi[r] = vrstd * (ghi - vmean_g - xhi * vmean_gx);
+    if (dsum != nullptr) {  // the sum's own gradient joins in before the one rounding
+      Vec slo, shi;
+      load_block<kPartial>(dsum + r * N, count, slo, shi);
+      out_lo[r] = out_lo[r] + slo;
+      out_hi[r] = out_hi[r] + shi;
     }
     if constexpr (kParamGrads) {
-      AccIO::store(dweight_part + i, pw_lo, pw_hi);
-      if constexpr (kCentered) AccIO::store(dbias_part + i, pb_lo, pb_hi);
+      pw_lo = at::vec::fmadd(dlo, xlo, pw_lo);
+      pw_hi = at::vec::fmadd(dhi, xhi, pw_hi);
+      if constexpr (kCentered) {
+        pb_lo = pb_lo + dlo;
+        pb_hi = pb_hi + dhi;
+      }
     }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!kPartial && stream) {
+      VecIO<T, acc_t>::template store_streaming<kNoNaN>(dx + r * N, out_lo[r], out_hi[r]);
+    } else {
+      store_block<kPartial, kNoNaN>(dx + r * N, count, out_lo[r], out_hi[r]);
+    }
+  }
+  if constexpr (kParamGrads) {
+    store_block<kPartial, false>(dweight_part + i, count, pw_lo, pw_hi);
+    if constexpr (kCentered) store_block<kPartial, false>(dbias_part + i, count, pb_lo, pb_hi);
   }
 }
 
-// One backward tile (see norm_bwd_tile_vectorized), its scalar tail columns included.
+// All column blocks of one backward tile, the partial last one included.
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads, bool kNoNaN>
+void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
+                           const TileStats<acc_t>& s, T* dx_tile, acc_t* dweight_part,
+                           acc_t* dbias_part, bool stream) {
+  constexpr int64_t W = VecIO<T, acc_t>::kWidth;
+  const int64_t vec_end = a.N - a.N % W;
+  for (int64_t i = 0; i < vec_end; i += W) {
+    norm_bwd_column_block<T, acc_t, kCentered, kWeight, kParamGrads, kNoNaN, false>(
+        a, row, rows, s, dx_tile, dweight_part, dbias_part, i, W, stream);
+  }
+  if (vec_end < a.N) {
+    norm_bwd_column_block<T, acc_t, kCentered, kWeight, kParamGrads, kNoNaN, true>(
+        a, row, rows, s, dx_tile, dweight_part, dbias_part, vec_end, a.N - vec_end, stream);
+  }
+}
+
+// One backward tile: the row sums of row_grad_means, then dx and the partials.
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
 void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
-                   acc_t* dweight_part, acc_t* dbias_part, bool stream) {
+                   acc_t* dweight_part, acc_t* dbias_part, OutputPath path) {
   const int64_t N = a.N;
-  const T* dy = a.dy + row * N;
-  const T* x = a.x + row * N;
-  const T* dsum = a.dsum ? a.dsum + row * N : nullptr;
-  T* dx = a.dx + row * N;
   TileStats<acc_t> s;
-  acc_t *mean = s.mean, *rstd = s.rstd, *mean_g = s.mean_g, *mean_gx = s.mean_gx;
   for (int64_t r = 0; r < rows; ++r) {
-    mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
-    rstd[r] = a.rstd[row + r];
-    std::tie(mean_g[r], mean_gx[r]) = row_grad_means<T, acc_t, kCentered, kWeight>(
-        dy + r * N, x + r * N, mean[r], rstd[r], a.weight, N);
+    s.mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
+    s.rstd[r] = a.rstd[row + r];
+    std::tie(s.mean_g[r], s.mean_gx[r]) = row_grad_means<T, acc_t, kCentered, kWeight>(
+        a.dy + (row + r) * N, a.x + (row + r) * N, s.mean[r], s.rstd[r], a.weight, N);
   }
-  const int64_t vec_end = N - N % VecIO<T, acc_t>::kWidth;
+  alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
+  T* dx_tile = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.dx + row * N;
+  const bool stream = path == OutputPath::kStream;
   // Only bfloat16 rounds differently without a NaN mask; other types keep one variant.
   if (std::is_same_v<T, c10::BFloat16> && tile_rounds_without_nan_mask(a.weight_finite, s, rows)) {
-    norm_bwd_tile_vectorized<T, acc_t, kCentered, kWeight, kParamGrads, true>(
-        a, row, rows, s, dweight_part, dbias_part, stream);
+    norm_bwd_tile_columns<T, acc_t, kCentered, kWeight, kParamGrads, true>(
+        a, row, rows, s, dx_tile, dweight_part, dbias_part, stream);
   } else {
-    norm_bwd_tile_vectorized<T, acc_t, kCentered, kWeight, kParamGrads, false>(
-        a, row, rows, s, dweight_part, dbias_part, stream);
+    norm_bwd_tile_columns<T, acc_t, kCentered, kWeight, kParamGrads, false>(
+        a, row, rows, s, dx_tile, dweight_part, dbias_part, stream);
   }
-  for (int64_t i = vec_end; i < N; ++i) {
-    const acc_t w = kWeight ? a.weight[i] : acc_t(1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const acc_t d = static_cast<acc_t>(dy[r * N + i]);
-      const acc_t xhat = (static_cast<acc_t>(x[r * N + i]) - mean[r]) * rstd[r];
-      acc_t out = rstd[r] * (d * w - mean_g[r] - xhat * mean_gx[r]);
-      if (dsum != nullptr) out += static_cast<acc_t>(dsum[r * N + i]);
-      dx[r * N + i] = static_cast<T>(out);
-      if constexpr (kParamGrads) {
-        dweight_part[i] += d * xhat;
-        if constexpr (kCentered) dbias_part[i] += d;
-      }
-    }
-  }
+  if (path == OutputPath::kStaged) stream_copy(a.dx + row * N, stage, rows * N * int64_t(sizeof(T)));
 }
 
 // dx for all rows, and (kParamGrads) the [blocks, N] dweight/dbias partials of the row
@@ -504,12 +555,12 @@ void norm_bwd_rows(const NormBwdArgs<T, acc_t>& a, acc_t* partial_w, acc_t* part
                    int64_t blocks) {
   const int64_t M = a.M, N = a.N;
   // dx is written once and read by the next layer's backward much later.
-  const bool stream = use_streaming_stores(a.dx, M * N * sizeof(T)) &&
-                      (N * sizeof(T)) % kStreamAlign == 0;
+  const bool stream = use_streaming_stores(a.dx, M * N * sizeof(T));
+  const OutputPath path = output_path(stream, a.dx, N, kRowTile);
   auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
     for (int64_t r = begin; r < end; r += kRowTile) {
       norm_bwd_tile<T, acc_t, kCentered, kWeight, kParamGrads>(
-          a, r, std::min(kRowTile, end - r), pw, pb, stream);
+          a, r, std::min(kRowTile, end - r), pw, pb, path);
     }
     if (stream) streaming_fence();
   };

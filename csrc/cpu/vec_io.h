@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -66,6 +67,29 @@ inline void stream_bytes(void* p, const V& v) {
 #else
   std::memcpy(p, &v, sizeof(V));
 #endif
+}
+
+constexpr int64_t kCacheLine = 64;
+
+// Copies `bytes` from src to dst with streaming stores for every whole cache line of dst and
+// plain stores for the partial lines at either end, which neighbouring writes share. A
+// streaming store that leaves its line partly unwritten is flushed as a partial line that
+// memory has to merge: rows whose start or length is not a multiple of a line (N = 1000
+// float32) lost more to that than streaming saved, so their outputs are staged in cache and
+// written out with this.
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  using V = at::vec::Vectorized<float>;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t misalignment = static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(d) % kCacheLine);
+  int64_t done = std::min<int64_t>(bytes, (kCacheLine - misalignment) % kCacheLine);
+  std::memcpy(d, s, done);
+  for (; done + kCacheLine <= bytes; done += kCacheLine) {
+    for (int64_t k = 0; k < kCacheLine; k += int64_t(sizeof(V))) {
+      stream_bytes(d + done + k, V::loadu(s + done + k));
+    }
+  }
+  std::memcpy(d + done, s + done, bytes - done);
 }
 
 // Orders this thread's streaming stores before what follows (e.g. the end of a task).
@@ -164,6 +188,56 @@ struct VecIO<acc_t, acc_t> {
     stream_bytes(p + Vec::size(), hi);
   }
 };
+
+// The first `count` (< kWidth) elements at p into registers, the other lanes zero; and the
+// first `count` lanes back out. A row's tail columns go through the same vector code as the
+// rest of it: the scalar tail was a fifth of a 1000-wide float32 backward.
+template <typename T, typename acc_t>
+inline void load_partial(const T* p, int64_t count, at::vec::Vectorized<acc_t>& lo,
+                         at::vec::Vectorized<acc_t>& hi) {
+  T buffer[VecIO<T, acc_t>::kWidth] = {};
+  std::memcpy(buffer, p, count * sizeof(T));
+  VecIO<T, acc_t>::load(buffer, lo, hi);
+}
+
+template <bool kNoNaN, typename T, typename acc_t>
+inline void store_partial(T* p, int64_t count, const at::vec::Vectorized<acc_t>& lo,
+                          const at::vec::Vectorized<acc_t>& hi) {
+  T buffer[VecIO<T, acc_t>::kWidth];
+  VecIO<T, acc_t>::template store<kNoNaN>(buffer, lo, hi);
+  std::memcpy(p, buffer, count * sizeof(T));
+}
+
+// A full block of kWidth columns (kPartial false) or the row's last `count` (kPartial true).
+template <bool kPartial, typename T, typename acc_t>
+inline void load_block(const T* p, int64_t count, at::vec::Vectorized<acc_t>& lo,
+                       at::vec::Vectorized<acc_t>& hi) {
+  if constexpr (kPartial) {
+    load_partial<T, acc_t>(p, count, lo, hi);
+  } else {
+    VecIO<T, acc_t>::load(p, lo, hi);
+  }
+}
+
+template <bool kPartial, bool kNoNaN, typename T, typename acc_t>
+inline void store_block(T* p, int64_t count, const at::vec::Vectorized<acc_t>& lo,
+                        const at::vec::Vectorized<acc_t>& hi) {
+  if constexpr (kPartial) {
+    store_partial<kNoNaN>(p, count, lo, hi);
+  } else {
+    VecIO<T, acc_t>::template store<kNoNaN>(p, lo, hi);
+  }
+}
+
+// Lanes [0, count) of a two-register block kept, the others zero (count <= 2 * size).
+template <typename acc_t>
+inline void keep_first_lanes(int64_t count, at::vec::Vectorized<acc_t>& lo,
+                             at::vec::Vectorized<acc_t>& hi) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  const int64_t n = Vec::size();
+  lo = Vec::set(Vec(0), lo, std::min(count, n));
+  hi = Vec::set(Vec(0), hi, std::max<int64_t>(count - n, 0));
+}
 
 // Sum of all lanes, added in a fixed order.
 template <typename acc_t>
