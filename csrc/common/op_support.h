@@ -7,6 +7,9 @@
 #include <torch/autograd.h>
 
 #include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fusednorm {
@@ -64,6 +67,34 @@ inline bool requires_grad(const std::optional<at::Tensor>& t) {
 template <class... Ts>
 bool needs_grad(const Ts&... tensors) {
   return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
+}
+
+// Forward-mode AD (dual tensors) has no formula here: a tangent would be dropped without a
+// word, so a dual argument is refused.
+inline bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(0).defined(); }
+inline bool has_tangent(const std::optional<at::Tensor>& t) {
+  return t.has_value() && has_tangent(*t);
+}
+template <class... Ts>
+void check_no_forward_ad(const char* name, const Ts&... tensors) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!(has_tangent(tensors) || ...), name,
+                              ": forward-mode AD (dual tensors) is not supported; use "
+                              "reverse mode (backward, torch.autograd.grad)");
+}
+
+// A new autograd node of type T: its owning pointer (the type Node::getptr returns, an
+// intrusive_ptr in recent PyTorch, a shared_ptr before) and T* to fill in its fields.
+template <class T>
+auto make_node() {
+  using NodePtr = decltype(std::declval<torch::autograd::Node&>().getptr());
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    std::shared_ptr<T> node(new T());
+    return std::pair<NodePtr, T*>(node, node.get());
+  } else {
+    auto node = c10::make_intrusive<T>();
+    T* raw = node.get();
+    return std::pair<NodePtr, T*>(NodePtr(std::move(node)), raw);
+  }
 }
 
 // The backward of `forward` at `inputs` for `grad_outputs`, as a differentiable graph.

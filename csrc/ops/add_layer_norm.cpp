@@ -30,6 +30,7 @@ Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                         c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                         const OptTensor& bias, double eps) {
   const auto below = [&] { return op().call(input, residual, normalized_shape, weight, bias, eps); };
+  check_no_forward_ad(kKind.name, input, residual, weight, bias);
   if (!needs_grad(input, residual, weight, bias)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return below();

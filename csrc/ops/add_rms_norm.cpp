@@ -32,6 +32,7 @@ Result rows(const at::Tensor& input, const at::Tensor& residual,
 Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                        std::optional<double> eps) {
+  check_no_forward_ad(kKind.name, input, residual, weight);
   if (!needs_grad(input, residual, weight)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op().call(input, residual, normalized_shape, weight, eps);

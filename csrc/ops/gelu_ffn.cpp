@@ -88,6 +88,7 @@ class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
 Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
                          const OptTensor& bias1, const at::Tensor& weight2,
                          const OptTensor& bias2, c10::string_view approximate) {
+  check_no_forward_ad("fusednorm.gelu_ffn", input, weight1, bias1, weight2, bias2);
   if (!needs_grad(input, weight1, bias1, weight2, bias2)) {
     static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
     at::AutoDispatchBelowADInplaceOrView below_autograd;

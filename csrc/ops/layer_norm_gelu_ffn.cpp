@@ -128,6 +128,8 @@ Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,
                       const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
                       const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
                       c10::string_view approximate) {
+  check_no_forward_ad("fusednorm.layer_norm_gelu_ffn", input, ln_weight, ln_bias, weight1, bias1,
+                      weight2, bias2);
   if (!needs_grad(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
     static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
     at::AutoDispatchBelowADInplaceOrView below_autograd;

@@ -11,6 +11,7 @@
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/rms_norm.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
 #include <functional>
 #include <tuple>
@@ -22,8 +23,8 @@
 namespace fusednorm::norm_family {
 
 using OptTensor = std::optional<at::Tensor>;
-// (out, sum, mean, rstd): sum is input + residual ([0] without a residual), mean [0] for
-// RMSNorm; every op returns the ones its schema names.
+// (out, sum, mean, rstd): sum is input + residual (undefined without a residual), mean [0]
+// for RMSNorm; every op returns the ones its schema names.
 using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 struct NormKind {
@@ -63,7 +64,7 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
   const at::Tensor x = as_rows(input, dims);
   if (kind.centered && !kind.residual) {
     auto [out, mean, rstd] = row_ops::layer_norm_fwd().call(x, flat(weight), flat(bias), eps);
-    return {shaped_like(out, input.sizes()), at::empty({0}, input.options()), mean, rstd};
+    return {shaped_like(out, input.sizes()), at::Tensor(), mean, rstd};  // no sum
   }
   const OptTensor r = kind.residual ? OptTensor(as_rows(*residual, dims)) : std::nullopt;
   auto [out, sum, mean, rstd] =
@@ -73,56 +74,51 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
 }
 
 // The op itself, called below autograd by the autograd kernel (so that a compiled graph
-// records the public op, with its fake kernel). Outputs the op's schema lacks are empty
-// tensors (`none_like`).
+// records the public op, with its fake kernel). Outputs the op's schema lacks: the sum
+// undefined, RMSNorm's mean an empty tensor (`none_like`, what norm_bwd takes).
 using BelowAutograd = std::function<Outputs()>;
 
 inline at::Tensor none_like(const at::Tensor& t) { return at::empty({0}, t.options()); }
 
-class NormFunction : public torch::autograd::Function<NormFunction> {
- public:
-  static variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                               const OptTensor& residual, const OptTensor& weight,
-                               const OptTensor& bias, const NormKind& kind, int64_t dims,
-                               double eps, const BelowAutograd& below) {
-    auto [out, sum, mean, rstd] = [&] {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return below();
-    }();
-    // Saved: what was normalized (input, or the sum output), and for a create_graph
-    // backward the inputs it recomputes from.
-    ctx->save_for_backward({kind.residual ? sum : input, defined_or_empty(weight),
-                            defined_or_empty(bias), mean, rstd, input,
-                            defined_or_empty(residual)});
-    ctx->saved_data["centered"] = kind.centered;
-    ctx->saved_data["residual"] = kind.residual;
-    ctx->saved_data["dims"] = dims;
-    ctx->saved_data["eps"] = eps;
-    ctx->mark_non_differentiable(kind.residual ? variable_list{mean, rstd}
-                                               : variable_list{sum, mean, rstd});
-    // Outputs nobody differentiated reach backward undefined, not as zero tensors of
-    // their size (an [M, hidden] one for the FFN's pre-activation).
-    ctx->set_materialize_grads(false);
-    return {out, sum, mean, rstd};
+// The backward node of a recorded norm op: a torch::autograd::Node of our own, as
+// PyTorch's generated ones (NativeLayerNormBackward0), not a torch::autograd::Function,
+// whose context (string-keyed saved data, output wrapping) cost a LayerNorm call with grad
+// more host time than the op itself. Inputs (next edges): input, residual, weight, bias;
+// incoming gradients: out (and the sum with a residual), undefined where none flowed.
+struct NormBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable normed_input_;  // input, or the sum output (residual)
+  torch::autograd::SavedVariable weight_, bias_, mean_, rstd_;
+  // For a create_graph backward, which recomputes from the op's inputs.
+  torch::autograd::SavedVariable input_, residual_;
+  NormKind kind_{};
+  int64_t dims_ = 1;
+  double eps_ = 0;
+
+  std::string name() const override {
+    return std::string(kind_.name) + "Backward";
   }
 
-  // Gradients for (input, residual, weight, bias) and the non-tensor arguments.
-  static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor &normed_input = s[0], &weight = s[1], &bias = s[2], &mean = s[3],
-                     &rstd = s[4], &input = s[5], &residual = s[6];
-    const bool centered = ctx->saved_data["centered"].toBool();
-    const bool has_residual = ctx->saved_data["residual"].toBool();
-    const int64_t dims = ctx->saved_data["dims"].toInt();
-    const double eps = ctx->saved_data["eps"].toDouble();
+  void release_variables() override {
+    for (auto* v : {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &input_, &residual_}) {
+      v->reset_data();
+    }
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    const auto self = getptr();
+    const at::Tensor normed_input = normed_input_.unpack(self), weight = weight_.unpack(),
+                     bias = bias_.unpack(), mean = mean_.unpack(), rstd = rstd_.unpack();
     const at::Tensor& grad_out = grads[0];
-    const at::Tensor grad_sum = has_residual ? grads[1] : at::Tensor();
-    variable_list result(8);
+    const at::Tensor grad_sum = kind_.residual ? grads[1] : at::Tensor();
+    variable_list result(4);
     if (!grad_out.defined() && !grad_sum.defined()) return result;
-    const auto shape = input.sym_sizes().slice(input.dim() - dims);
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
-      auto g = differentiable_backward(
+      const at::Tensor input = input_.unpack(), residual = residual_.unpack();
+      const auto shape = input.sym_sizes().slice(input.dim() - dims_);
+      const bool centered = kind_.centered, has_residual = kind_.residual;
+      const double eps = eps_;
+      return differentiable_backward(
           [&](const variable_list& v) {
             const at::Tensor sum = has_residual ? at::add(v[0], v[1]) : v[0];
             const at::Tensor y = centered ? at::layer_norm_symint(sum, shape, v[2], v[3], eps)
@@ -130,25 +126,23 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
             return variable_list{y, sum};
           },
           {input, residual, weight, bias}, {grad_out, grad_sum});
-      std::copy(g.begin(), g.end(), result.begin());
-      return result;
     }
 
-    const at::Tensor x = as_rows(normed_input, dims);
+    const at::Tensor x = as_rows(normed_input, dims_);
     const at::Tensor dy =
-        grad_out.defined() ? as_rows(grad_out, dims) : at::zeros_like(x);  // sum used alone
+        grad_out.defined() ? as_rows(grad_out, dims_) : at::zeros_like(x);  // sum used alone
     at::Tensor grad_input, grad_weight, grad_bias;
-    if (centered && !has_residual) {
+    if (kind_.centered && !kind_.residual) {
       std::tie(grad_input, grad_weight, grad_bias) =
           row_ops::layer_norm_bwd().call(dy, x, mean, rstd, flat(weight), flat(bias));
     } else {
-      const OptTensor ds = grad_sum.defined() ? OptTensor(as_rows(grad_sum, dims)) : std::nullopt;
+      const OptTensor ds = grad_sum.defined() ? OptTensor(as_rows(grad_sum, dims_)) : std::nullopt;
       std::tie(grad_input, grad_weight, grad_bias) = row_ops::norm_bwd().call(
-          dy, ds, x, mean, rstd, flat(weight), flat(bias), centered);
+          dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered);
     }
-    grad_input = shaped_like(grad_input, input.sizes());
+    grad_input = shaped_like(grad_input, normed_input.sizes());
     result[0] = grad_input;
-    if (has_residual) result[1] = grad_input;  // d(input + residual) / d residual = 1
+    if (kind_.residual) result[1] = grad_input;  // d(input + residual) / d residual = 1
     if (weight.defined()) result[2] = grad_weight.view(weight.sizes());
     if (bias.defined()) result[3] = grad_bias.view(bias.sizes());
     return result;
@@ -156,12 +150,35 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
 };
 
 // The autograd kernel of every norm op when a graph is recorded (each op calls itself
-// below autograd directly when not: a Function costs a node and its bookkeeping).
+// below autograd directly when not): runs the op below autograd, then links its
+// differentiable outputs (out, and the sum with a residual) to a NormBackward node.
+// mean and rstd get no history: not differentiable.
 inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTensor& residual,
                       int64_t dims, const OptTensor& weight, const OptTensor& bias, double eps,
                       const BelowAutograd& below) {
-  auto r = NormFunction::apply(input, residual, weight, bias, kind, dims, eps, below);
-  return {r[0], r[1], r[2], r[3]};
+  auto [node_ptr, node] = make_node<NormBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(input, residual, weight, bias));
+  Outputs outputs = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return below();
+  }();
+  auto& [out, sum, mean, rstd] = outputs;
+  torch::autograd::set_history(out, node_ptr);
+  if (kind.residual) torch::autograd::set_history(sum, node_ptr);
+  node->kind_ = kind;
+  node->dims_ = dims;
+  node->eps_ = eps;
+  node->normed_input_ = kind.residual ? torch::autograd::SavedVariable(sum, /*is_output=*/true)
+                                      : torch::autograd::SavedVariable(input, false);
+  node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
+  node->bias_ = torch::autograd::SavedVariable(defined_or_empty(bias), false);
+  node->mean_ = torch::autograd::SavedVariable(mean, false);
+  node->rstd_ = torch::autograd::SavedVariable(rstd, false);
+  // Only a create_graph backward reads these: with a residual the input is not otherwise
+  // saved (a reference to it, no copy).
+  node->input_ = torch::autograd::SavedVariable(input, false);
+  node->residual_ = torch::autograd::SavedVariable(defined_or_empty(residual), false);
+  return outputs;
 }
 
 // CUDA autocast as torch.nn.functional's: layer_norm and rms_norm are on autocast's

@@ -29,13 +29,14 @@ Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
 
 Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                        const OptTensor& weight, std::optional<double> eps) {
+  check_no_forward_ad(kKind.name, input, weight);
   if (!needs_grad(input, weight)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op().call(input, normalized_shape, weight, eps);
   }
   const auto below = [&]() -> Outputs {
     auto [out, rstd] = op().call(input, normalized_shape, weight, eps);
-    return {out, none_like(out), none_like(rstd), rstd};
+    return {out, at::Tensor(), none_like(rstd), rstd};  // no sum; mean: norm_bwd takes [0]
   };
   auto [out, sum, mean, rstd] =
       record(kKind, input, std::nullopt, static_cast<int64_t>(normalized_shape.size()), weight,

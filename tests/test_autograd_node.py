@@ -1,0 +1,76 @@
+"""The autograd graph every op records: what reverse mode needs (saved tensors released
+after backward, in-place changes to them detected, gradients only where asked) and a clear
+refusal of forward mode, which has no formula here."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+import fusednorm
+from conftest import random_input
+
+
+def _norm_calls():
+    w, b = torch.randn(6) + 1, torch.randn(6)
+    r = random_input((3, 6), torch.float32, "cpu", seed=9)
+    w1, w2 = torch.randn(8, 6), torch.randn(6, 8)
+    return {
+        "layer_norm": lambda x: fusednorm.layer_norm(x, (6,), w, b),
+        "rms_norm": lambda x: fusednorm.rms_norm(x, (6,), w),
+        "add_layer_norm": lambda x: fusednorm.add_layer_norm(x, r, (6,), w, b)[0],
+        "add_rms_norm": lambda x: fusednorm.add_rms_norm(x, r, (6,), w)[0],
+        "gelu_ffn": lambda x: fusednorm.gelu_ffn(x, w1, None, w2, None),
+        "layer_norm_gelu_ffn": lambda x: fusednorm.functional.layer_norm_gelu_ffn(
+            x, w, b, 1e-5, w1, None, w2, None),
+    }
+
+
+@pytest.mark.parametrize("name", list(_norm_calls()))
+def test_forward_mode_ad_is_refused(name):
+    call = _norm_calls()[name]
+    x = random_input((3, 6), torch.float32, "cpu")
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            call(dual)
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+def test_saved_tensors_are_released_after_backward(name):
+    x = random_input((3, 6), torch.float32, "cpu").requires_grad_()
+    y = _norm_calls()[name](x)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
+def test_in_place_change_of_a_saved_input_is_detected():
+    x = random_input((3, 6), torch.float32, "cpu").requires_grad_()
+    h = x * 2
+    y = fusednorm.layer_norm(h, (6,))
+    h.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_gradients_only_for_what_requires_them():
+    """A weight that requires grad while the input does not: the weight gets its exact
+    gradient, the input none."""
+    x = random_input((4, 6), torch.float64, "cpu")
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    y = fusednorm.layer_norm(x, (6,), w)
+    assert y.requires_grad and y.grad_fn is not None
+    dy = random_input((4, 6), torch.float64, "cpu", seed=2)
+    (gw,) = torch.autograd.grad(y, w, dy)
+    w_ref = w.detach().clone().requires_grad_()
+    (gw_ref,) = torch.autograd.grad(torch.nn.functional.layer_norm(x, (6,), w_ref), w_ref, dy)
+    torch.testing.assert_close(gw, gw_ref)
+    assert x.grad is None
+
+
+def test_statistics_are_not_differentiable():
+    x = random_input((4, 6), torch.float32, "cpu").requires_grad_()
+    out, mean, rstd = fusednorm.FusedLayerNormFunction.apply(x, (6,), None, None, 1e-5)
+    assert out.requires_grad
+    assert not mean.requires_grad and not rstd.requires_grad
