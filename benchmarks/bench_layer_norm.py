@@ -34,6 +34,9 @@ EPS = 1e-5
 # so that nothing sits in L2.
 CPU_SHAPES = [(16384, 768), (16384, 2048), (16384, 4096), (4096, 1000)]
 CPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# float64 on two of the shapes only: twice the bytes of float32 per row, and the default
+# CPU run has to stay under 12 minutes on 2 cores.
+CPU_FP64_SHAPES = [(16384, 768), (4096, 1000)]
 GPU_NS = [768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536]
 GPU_ELEMENTS = 1 << 26
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -50,6 +53,15 @@ def default_dtypes(device: torch.device, quick: bool) -> list[torch.dtype]:
     if device.type == "cpu":
         return CPU_DTYPES[:2] if quick else CPU_DTYPES
     return GPU_DTYPES[:1] if quick else GPU_DTYPES
+
+
+def default_cases(device: torch.device, quick: bool) -> list[tuple[torch.dtype, int, int]]:
+    """(dtype, M, N) of a run given no --dtypes / --shapes."""
+    cases = [(dtype, M, N) for dtype in default_dtypes(device, quick)
+             for M, N in default_shapes(device, quick)]
+    if device.type == "cpu" and not quick:
+        cases += [(torch.float64, M, N) for M, N in CPU_FP64_SHAPES]
+    return cases
 
 
 def minimal_bytes(M: int, N: int, dtype: torch.dtype) -> dict[str, int]:
@@ -148,8 +160,12 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device)
-    shapes = args.shapes or default_shapes(device, args.quick)
-    dtypes = args.dtypes or default_dtypes(device, args.quick)
+    if args.shapes or args.dtypes:
+        shapes = args.shapes or default_shapes(device, args.quick)
+        cases = [(dtype, M, N) for dtype in args.dtypes or default_dtypes(device, args.quick)
+                 for M, N, *_ in shapes]
+    else:
+        cases = default_cases(device, args.quick)
     notes: list[str] = []
     names = usable_providers(args.providers, device, notes)
     for note in notes:
@@ -157,8 +173,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),
                                floor_provider=floors.FRESH_COPY, floor_key=floors.FLOOR_KEY,
                                notes=notes)
-    builders = [case_builder(M, N, dtype, device, names)
-                for dtype in dtypes for M, N, *_ in shapes]
+    builders = [case_builder(M, N, dtype, device, names) for dtype, M, N in cases]
     result = runner.run(settings, builders, providers_per_case=len(names))
     notes += measurement_notes(device)
     md = report.markdown(result, ["dtype", "M", "N"],

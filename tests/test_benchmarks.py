@@ -224,3 +224,16 @@ def test_fresh_copy_floor_moves_the_rows_of_a_norm(residual):
     (dx,) = torch.autograd.grad(outputs, [x], dys)
     expected = dys[1] + dys[0] * x if residual else dys[0] + x
     torch.testing.assert_close(dx, expected.detach())
+
+
+def test_default_cpu_cases_cover_every_dtype():
+    """The default CPU LayerNorm run times float32, bfloat16 and float16 at every shape,
+    float64 at some (an odd N among them), and a quick run no float64."""
+    cpu = torch.device("cpu")
+    cases = bench_layer_norm.default_cases(cpu, quick=False)
+    assert len(set(cases)) == len(cases)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert {(M, N) for d, M, N in cases if d == dtype} == set(bench_layer_norm.CPU_SHAPES)
+    fp64 = {(M, N) for d, M, N in cases if d == torch.float64}
+    assert fp64 and any(N % 16 for _, N in fp64)
+    assert all(d != torch.float64 for d, _, _ in bench_layer_norm.default_cases(cpu, quick=True))
