@@ -86,7 +86,10 @@ def assert_same_outputs_and_grads(model: nn.Module, fused: nn.Module, inputs: di
 
 def check_replace_layernorm(model: nn.Module, inputs: dict, device: str) -> None:
     """replace_layernorm on a copy of `model` swaps every nn.LayerNorm and changes neither
-    the outputs nor the gradients."""
+    the outputs (element by element) nor the gradients (per tensor, by norm: a parameter
+    such as ViT's cls_token sums contributions of every layer and token, whose float32
+    rounding depends on the order autograd adds them in, so its elements near zero differ
+    from the float64 model by noise on the scale of the whole tensor)."""
     model = model.to(device).eval()  # eval: no dropout, whatever the config says
     _randomize_layernorms(model)
     n_layernorms = _count(model, nn.LayerNorm)
@@ -95,7 +98,7 @@ def check_replace_layernorm(model: nn.Module, inputs: dict, device: str) -> None
     assert _count(fused, nn.LayerNorm) == 0
     assert _count(fused, fusednorm.FusedLayerNorm) == n_layernorms
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    assert_same_outputs_and_grads(model, fused, inputs)
+    assert_same_outputs_and_grads(model, fused, inputs, normwise_grads=True)
 
 
 def _tokens(batch: int, length: int, vocab: int) -> torch.Tensor:
