@@ -29,9 +29,10 @@ from typing import Mapping, Optional
 ROOT = Path(__file__).resolve().parent.parent
 
 # Environment variables that change what setup.py compiles. Recorded as given (unset: ""),
-# before setup.py fills in defaults. MAX_JOBS and CUDA_HOME change how, not what.
+# before setup.py fills in defaults. MAX_JOBS and CUDA_HOME change how, not what;
+# ATEN_CPU_CAPABILITY lowers torch's CPU level, which is fusednorm's default one.
 KNOBS = ("FUSEDNORM_CPU_ONLY", "FUSEDNORM_CPU_CAPABILITY", "FUSEDNORM_DEBUG",
-         "TORCH_CUDA_ARCH_LIST")
+         "TORCH_CUDA_ARCH_LIST", "ATEN_CPU_CAPABILITY")
 
 
 def source_files(root: Path) -> list[Path]:

@@ -18,6 +18,8 @@ LOAD_ERROR: str | None = None
 
 def _cpu_supports(built: str) -> bool:
     have = torch.backends.cpu.get_cpu_capability().lower()
+    if have.startswith("avx512"):
+        have = "avx512"
     if built == "default" or have not in _CAPABILITY_ORDER:
         return built == "default"
     return _CAPABILITY_ORDER.index(have) >= _CAPABILITY_ORDER.index(built)

@@ -126,17 +126,41 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
     total.m2 = m2_sum + n * spread;
     total.count = count * kLanes;
   }
-  // The tail (fewer than kStep values) in two short passes, with no division per value.
+  // The tail (fewer than kStep values) in two short passes through the vector code, blocks
+  // of kWidth zero-padded at the end: its mean, then its M2 around that mean (with AVX-512
+  // a tail is up to 63 values, which a scalar loop took a tenth of a 1000-wide row to do).
   if (vec_end < N) {
     WelfordState<acc_t> tail;
     tail.count = acc_t(N - vec_end);
-    acc_t sum = 0;
-    for (int64_t i = vec_end; i < N; ++i) sum += static_cast<acc_t>(x[i]) - shift;
-    tail.mean = sum / tail.count;
-    for (int64_t i = vec_end; i < N; ++i) {
-      const acc_t d = static_cast<acc_t>(x[i]) - shift - tail.mean;
-      tail.m2 += d * d;
+    auto load_shifted = [&](int64_t i, Vec& lo, Vec& hi) {
+      const int64_t count = std::min<int64_t>(IO::kWidth, N - i);
+      if (count == IO::kWidth) {
+        IO::load_any_order(x + i, lo, hi);
+      } else {
+        load_partial<T, acc_t>(x + i, count, lo, hi);
+      }
+      lo = lo - vshift;
+      hi = hi - vshift;
+      keep_first_lanes(count, lo, hi);  // padded lanes held 0 - shift
+    };
+    Vec sum(0);
+    for (int64_t i = vec_end; i < N; i += IO::kWidth) {
+      Vec lo, hi;
+      load_shifted(i, lo, hi);
+      sum = sum + (lo + hi);
     }
+    tail.mean = lane_sum(sum) / tail.count;
+    const Vec tail_mean(tail.mean);
+    Vec m2_sum(0);
+    for (int64_t i = vec_end; i < N; i += IO::kWidth) {
+      Vec lo, hi;
+      load_shifted(i, lo, hi);
+      lo = lo - tail_mean;
+      hi = hi - tail_mean;
+      keep_first_lanes(std::min<int64_t>(IO::kWidth, N - i), lo, hi);
+      m2_sum = at::vec::fmadd(lo, lo, at::vec::fmadd(hi, hi, m2_sum));
+    }
+    tail.m2 = lane_sum(m2_sum);
     total.merge(tail);
   }
   return total;
@@ -156,11 +180,13 @@ acc_t row_mean_square(const T* x, int64_t N) {
     IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
     for (int r = 0; r < 4; ++r) sum[r] = at::vec::fmadd(v[r], v[r], sum[r]);
   }
-  acc_t total = lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3]));
-  for (int64_t i = vec_end; i < N; ++i) {
-    const acc_t v = static_cast<acc_t>(x[i]);
-    total += v * v;
+  for (int64_t i = vec_end; i < N; i += IO::kWidth) {  // the tail, zero-padded blocks
+    Vec lo, hi;
+    load_partial<T, acc_t>(x + i, std::min<int64_t>(IO::kWidth, N - i), lo, hi);
+    sum[0] = at::vec::fmadd(lo, lo, sum[0]);
+    sum[1] = at::vec::fmadd(hi, hi, sum[1]);
   }
+  const acc_t total = lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3]));
   return N > 0 ? total / N : acc_t(0);
 }
 

@@ -4,6 +4,7 @@
 // at::vec::Vectorized<acc_t> registers. half/bfloat16 are widened on load and rounded
 // once on store.
 
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -119,6 +120,30 @@ inline at::vec::Vectorized<c10::BFloat16> round_to_bfloat16_no_nan(
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512)
+// float -> bfloat16 with AVX-512: the same rounding as above on 16 lanes, NaN lanes set to
+// bfloat16's quiet NaN (0x7fc0, as c10::BFloat16) through a mask, which AVX-512 makes two
+// cheap instructions, so there is a single variant. The upper halves of both registers are
+// gathered in order by one two-source word permute (no pack + lane fix-up). Not the
+// AVX512_BF16 instruction (vcvtne2ps2bf16): it flushes denormals to zero, PyTorch does not.
+inline at::vec::Vectorized<c10::BFloat16> round_to_bfloat16_avx512(
+    const at::vec::Vectorized<float>& lo, const at::vec::Vectorized<float>& hi) {
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i quiet_nan = _mm512_set1_epi32(0x7fc00000);
+  auto round = [&](__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, bias), odd);
+    return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet_nan);
+  };
+  // Word k of the result is word 2k + 1 of the 64-word concatenation (lo's lanes, then hi's).
+  const __m512i upper_words = _mm512_set_epi16(
+      63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+      31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(round(lo), upper_words, round(hi));
+}
+#endif
+
 // Primary template: a reduced-precision T (Half, BFloat16) widened to float.
 template <typename T, typename acc_t>
 struct VecIO {
@@ -128,7 +153,10 @@ struct VecIO {
   static_assert(kWidth == 2 * Vec::size(), "one Vectorized<T> widens to two float vectors");
 
   static inline void load(const T* p, Vec& lo, Vec& hi) {
-    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
+    widen(at::vec::Vectorized<T>::loadu(p), lo, hi);
+  }
+  static inline void widen(const at::vec::Vectorized<T>& v, Vec& lo, Vec& hi) {
+    std::tie(lo, hi) = at::vec::convert_to_float<T>(v);
   }
   // The same kWidth values in some order, for sums over a row that never pair a value with
   // a column (statistics): bfloat16 widens in two instructions, the even elements shifted
@@ -139,6 +167,13 @@ struct VecIO {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
       lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+      return;
+    }
+#elif defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      const __m512i v = _mm512_loadu_si512(p);
+      lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
       return;
     }
 #endif
@@ -154,13 +189,14 @@ struct VecIO {
     stream_bytes(p, narrow<kNoNaN>(lo, hi));
   }
 
- private:
   template <bool kNoNaN>
   static inline at::vec::Vectorized<T> narrow(const Vec& lo, const Vec& hi) {
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (kNoNaN && std::is_same_v<T, c10::BFloat16>) {
       return round_to_bfloat16_no_nan(lo, hi);
     }
+#elif defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) return round_to_bfloat16_avx512(lo, hi);
 #endif
     return at::vec::convert_from_float<T>(lo, hi);
   }
@@ -189,9 +225,50 @@ struct VecIO<acc_t, acc_t> {
   }
 };
 
-// The first `count` (< kWidth) elements at p into registers, the other lanes zero; and the
-// first `count` lanes back out. A row's tail columns go through the same vector code as the
-// rest of it: the scalar tail was a fifth of a 1000-wide float32 backward.
+// The first `count` (<= kWidth) elements at p into registers, the other lanes zero; and
+// the first `count` lanes back out. A row's tail columns go through the same vector code as
+// the rest of it: the scalar tail was a fifth of a 1000-wide float32 backward.
+#if defined(CPU_CAPABILITY_AVX512)
+// AVX-512 reads and writes the partial block with lane masks: no bounce through a stack
+// buffer (a tenth of a 1000-wide float32 forward), and masked-off lanes never touch memory.
+inline uint64_t first_lanes_mask(int64_t count) {
+  return count >= 64 ? ~uint64_t(0) : (uint64_t(1) << std::max<int64_t>(count, 0)) - 1;
+}
+
+template <typename T, typename acc_t>
+inline void load_partial(const T* p, int64_t count, at::vec::Vectorized<acc_t>& lo,
+                         at::vec::Vectorized<acc_t>& hi) {
+  constexpr int64_t n = at::vec::Vectorized<acc_t>::size();
+  if constexpr (std::is_same_v<T, float>) {
+    lo = _mm512_maskz_loadu_ps(__mmask16(first_lanes_mask(count)), p);
+    hi = _mm512_maskz_loadu_ps(__mmask16(first_lanes_mask(count - n)), p + n);
+  } else if constexpr (std::is_same_v<T, double>) {
+    lo = _mm512_maskz_loadu_pd(__mmask8(first_lanes_mask(count)), p);
+    hi = _mm512_maskz_loadu_pd(__mmask8(first_lanes_mask(count - n)), p + n);
+  } else {
+    static_assert(sizeof(T) == 2);
+    const __m512i raw = _mm512_maskz_loadu_epi16(__mmask32(first_lanes_mask(count)), p);
+    VecIO<T, acc_t>::widen(at::vec::Vectorized<T>(raw), lo, hi);
+  }
+}
+
+template <bool kNoNaN, typename T, typename acc_t>
+inline void store_partial(T* p, int64_t count, const at::vec::Vectorized<acc_t>& lo,
+                          const at::vec::Vectorized<acc_t>& hi) {
+  constexpr int64_t n = at::vec::Vectorized<acc_t>::size();
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_mask_storeu_ps(p, __mmask16(first_lanes_mask(count)), lo);
+    _mm512_mask_storeu_ps(p + n, __mmask16(first_lanes_mask(count - n)), hi);
+  } else if constexpr (std::is_same_v<T, double>) {
+    _mm512_mask_storeu_pd(p, __mmask8(first_lanes_mask(count)), lo);
+    _mm512_mask_storeu_pd(p + n, __mmask8(first_lanes_mask(count - n)), hi);
+  } else {
+    static_assert(sizeof(T) == 2);
+    const __m512i narrowed = VecIO<T, acc_t>::template narrow<kNoNaN>(lo, hi);
+    _mm512_mask_storeu_epi16(p, __mmask32(first_lanes_mask(count)), narrowed);
+  }
+}
+#else
 template <typename T, typename acc_t>
 inline void load_partial(const T* p, int64_t count, at::vec::Vectorized<acc_t>& lo,
                          at::vec::Vectorized<acc_t>& hi) {
@@ -207,6 +284,7 @@ inline void store_partial(T* p, int64_t count, const at::vec::Vectorized<acc_t>&
   VecIO<T, acc_t>::template store<kNoNaN>(buffer, lo, hi);
   std::memcpy(p, buffer, count * sizeof(T));
 }
+#endif
 
 // A full block of kWidth columns (kPartial false) or the row's last `count` (kPartial true).
 template <bool kPartial, typename T, typename acc_t>
