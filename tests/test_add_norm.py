@@ -72,6 +72,52 @@ def test_sum_is_the_inputs_dtype_sum_bitwise(device, dtype, kind):
     assert s.dtype == dtype and torch.equal(s, x + r)
 
 
+def _hard_rounding_pairs(dtype):
+    """(x, r) pairs whose float sum rounds to `dtype` at a tie, into the subnormals, past the
+    largest finite value or from a NaN/infinity: where a shortcut (no NaN mask, a
+    flush-to-zero conversion instruction, truncation) would differ from PyTorch."""
+    info = torch.finfo(dtype)
+    ulp_at_one = info.eps
+    pairs = [
+        (1.0, ulp_at_one / 2),                  # tie: rounds to even (down)
+        (1.0 + ulp_at_one, ulp_at_one / 2),     # tie: rounds to even (up)
+        (-1.0, -ulp_at_one / 2),
+        (info.tiny, -info.tiny / 4),            # a subnormal result
+        (info.tiny / 2, info.tiny / 8),         # subnormal + subnormal
+        (-info.tiny / 4, info.tiny / 16),
+        (float(info.max), float(info.max) * ulp_at_one / 4),  # stays at the largest value
+        (float(info.max), float(info.max) * ulp_at_one / 2),  # tie past it: infinity
+        (float("nan"), 1.0), (1.0, float("nan")), (float("inf"), 1.0), (float("-inf"), -1.0),
+        (0.0, -0.0), (-0.0, -0.0),
+    ]
+    return pairs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N", [5, 67, 100])
+def test_sum_rounds_like_pytorch_at_hard_values(device, dtype, kind, N):
+    """The residual sum is rounded to the dtype by the kernels' own vector code (full
+    blocks and the masked last block): bit for bit PyTorch's x + r, NaN for NaN."""
+    pairs = _hard_rounding_pairs(dtype)
+    rows = (len(pairs) + N - 1) // N + 1
+    x = random_input((rows, N), dtype, device).flatten()
+    r = random_input((rows, N), dtype, device, seed=2).flatten()
+    # Spread the hard pairs over columns of every position modulo 32, the tail included.
+    positions = torch.randperm(rows * N, generator=torch.Generator().manual_seed(5))[: len(pairs)]
+    for pos, (a, b) in zip(positions.tolist(), pairs):
+        x[pos], r[pos] = a, b
+    x, r = x.view(rows, N), r.view(rows, N)
+    fused, _, _ = _fns(kind, (N,), None if kind == "rms_norm" else 1e-5)
+    _, s = fused(x, r, None, None)
+    expected = x + r
+    assert torch.equal(torch.isnan(s), torch.isnan(expected))
+    finite_or_inf = ~torch.isnan(expected)
+    bits, expected_bits = s.view(torch.int16), expected.view(torch.int16)
+    assert torch.equal(bits[finite_or_inf], expected_bits[finite_or_inf])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradcheck_and_gradgradcheck(device, kind):
