@@ -121,11 +121,12 @@ inline at::vec::Vectorized<c10::BFloat16> round_to_bfloat16_no_nan(
 #endif
 
 #if defined(CPU_CAPABILITY_AVX512)
-// float -> bfloat16 with AVX-512: the same rounding as above on 16 lanes, NaN lanes set to
-// bfloat16's quiet NaN (0x7fc0, as c10::BFloat16) through a mask, which AVX-512 makes two
-// cheap instructions, so there is a single variant. The upper halves of both registers are
+// float -> bfloat16 with AVX-512: the same rounding as above on 16 lanes; unless kNoNaN,
+// NaN lanes are set to bfloat16's quiet NaN (0x7fc0, as c10::BFloat16) through a mask (a
+// compare into a mask register and a masked move). The upper halves of both registers are
 // gathered in order by one two-source word permute (no pack + lane fix-up). Not the
 // AVX512_BF16 instruction (vcvtne2ps2bf16): it flushes denormals to zero, PyTorch does not.
+template <bool kNoNaN>
 inline at::vec::Vectorized<c10::BFloat16> round_to_bfloat16_avx512(
     const at::vec::Vectorized<float>& lo, const at::vec::Vectorized<float>& hi) {
   const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
@@ -134,6 +135,7 @@ inline at::vec::Vectorized<c10::BFloat16> round_to_bfloat16_avx512(
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
     const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, bias), odd);
+    if constexpr (kNoNaN) return rounded;
     return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet_nan);
   };
   // Word k of the result is word 2k + 1 of the 64-word concatenation (lo's lanes, then hi's).
@@ -196,7 +198,7 @@ struct VecIO {
       return round_to_bfloat16_no_nan(lo, hi);
     }
 #elif defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<T, c10::BFloat16>) return round_to_bfloat16_avx512(lo, hi);
+    if constexpr (std::is_same_v<T, c10::BFloat16>) return round_to_bfloat16_avx512<kNoNaN>(lo, hi);
 #endif
     return at::vec::convert_from_float<T>(lo, hi);
   }
