@@ -73,7 +73,8 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
     lines = [
         f"# {result['suite']} on {result['device']}",
         "",
-        f"{result['device_kind']}, torch {result['torch']}, commit `{result['commit']}`, "
+        f"{result['device_kind']}, torch {result['torch']}, fusednorm kernels: "
+        f"{result.get('fusednorm_build', 'not recorded')}, commit `{result['commit']}`, "
         f"{result['date']}; copy bandwidth {result['copy_gbps']:.1f} GB/s "
         "(bytes read + written / s, measured in the same run). Times are medians.",
     ]

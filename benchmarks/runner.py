@@ -205,7 +205,8 @@ def run(
     providers_per_case: int,
 ) -> dict:
     """Builds, checks and times every case (one at a time, to bound memory) and returns
-    {suite, device, device_kind, torch, commit, date, copy_gbps, rows}."""
+    {suite, device, device_kind, torch, fusednorm_build, commit, date, copy_gbps,
+    rows}."""
     from tqdm import tqdm
 
     device = settings.device

@@ -63,6 +63,18 @@ def iso_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def fusednorm_build() -> str:
+    """Which of fusednorm's kernels ran: 'cpu avx512', 'cuda sm_90', ... (the CPU kernels'
+    SIMD level changes their speed as much as a code change)."""
+    import fusednorm
+
+    info = fusednorm.build_info()
+    parts = [f"cpu {info['cpu_capability']}" if info["cpu_kernels"] else "cpu: reference"]
+    if info["cuda_kernels"]:
+        parts.append("cuda " + " ".join(info["cuda_archs"]))
+    return ", ".join(parts)
+
+
 def header(suite: str, device: torch.device) -> dict:
     """The fields that open a results file, in docs/DESIGN.md's order (copy_gbps and rows follow)."""
     return {
@@ -70,6 +82,7 @@ def header(suite: str, device: torch.device) -> dict:
         "device": device_name(device),
         "device_kind": device.type,
         "torch": torch.__version__,
+        "fusednorm_build": fusednorm_build(),
         "commit": git_commit(),
         "date": iso_now(),
     }

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import fusednorm
 from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, stamp
 
-TOP_KEYS = ["suite", "device", "device_kind", "torch", "commit", "date", "copy_gbps", "rows"]
+TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build", "commit", "date",
+            "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
             "pct_of_copy", "peak_mem_mb", "saved_mb"]
 FFN_ROW_KEYS = ROW_KEYS + ["hidden", "tflops", "pct_of_gemm"]
@@ -35,6 +37,8 @@ def test_layer_norm_results_format(tmp_path):
                               "--dtypes", "fp32,bf16", "--providers", "fusednorm,torch,fresh-copy")
     assert list(result) == TOP_KEYS
     assert result["suite"] == "layer_norm" and result["device_kind"] == "cpu"
+    cpu = fusednorm.build_info()["cpu_capability"]
+    assert result["fusednorm_build"].startswith(f"cpu {cpu}") and cpu in md
     assert result["copy_gbps"] > 0
     assert len(result["rows"]) == 3 * 2 * 2 * 3  # passes x shapes x dtypes x providers
     floor_ms = {(r["pass"], r["dtype"], r["M"]): r["ms"] for r in result["rows"]
