@@ -103,6 +103,9 @@ def _cpu_flags(capability):
         "avx512": [
             "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
             "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
+            # GCC 12 flags its own _mm512_undefined_* idiom (`__m512i __Y = __Y;`) inlined
+            # from ATen's AVX-512 conversions: pages of false warnings per file.
+            "-Wno-maybe-uninitialized",
         ],
     }
     if capability not in flags:
