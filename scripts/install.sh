@@ -77,5 +77,15 @@ if [[ ,$extras, == *,models,* ]]; then
           "Install them by hand with: $PYTHON -m pip install torch==$torch_version torchvision ${missing[*]}"
     fi
   fi
+  # A torchvision built for another torch build (PyPI's beside a local torch wheel) fails at
+  # import ("operator torchvision::nms does not exist") and takes transformers' model
+  # classes down with it; transformers runs without torchvision, timm does not (its tests
+  # then skip).
+  if "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torchvision") is None)' &&
+     ! "$PYTHON" -c 'import torchvision' 2>/dev/null; then
+    say "WARNING: torchvision does not import beside torch $torch_version; uninstalling it" \
+        "(transformers works without it; the timm tests will skip)"
+    "$PYTHON" -m pip uninstall --yes --disable-pip-version-check torchvision
+  fi
 fi
 "$PYTHON" -c "import fusednorm, json; print(json.dumps(fusednorm.build_info()))"
