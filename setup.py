@@ -86,9 +86,8 @@ def _cpu_capability():
     if wanted:
         return wanted.lower()
     have = torch.backends.cpu.get_cpu_capability().lower()
-    # AVX-512 measured on an AMD EPYC (Zen 4), one thread, rows in L2: float16/bfloat16
-    # forward 6-11% and backward 10-19% faster than AVX2, float32 backward 7-12% (masked
-    # tails, bfloat16 rounding with a mask instead of a blend): docs/DESIGN.md.
+    # AVX-512 on the Zen 4 EPYC of benchmarks/results: bfloat16/float16 faster than the
+    # AVX2 build of the previous results (docs/DESIGN.md, CPU memory rules).
     if have.startswith("avx512"):
         return "avx512"
     if have == "avx2":

@@ -70,9 +70,9 @@ inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& in
 // Mean and M2 of one row in a single pass, over x - shift: with shift = x[0], the values
 // Welford accumulates are small even when the row sits far from zero (1e4 + noise), so the
 // running mean does not lose the noise to rounding (its mean is shift + the result's).
-// Four independent accumulator registers hide the latency of the dependent Welford chain;
-// their lanes, which all hold the same count, are merged with Chan's formula, then the
-// scalar tail is merged in.
+// Four independent accumulator registers hide the latency of the dependent Welford chain
+// (two 512-bit ones were slower in cache); their lanes, which all hold the same count, are
+// merged with Chan's formula, then the tail's own mean and M2 are merged in.
 template <typename T, typename acc_t>
 WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
   using IO = VecIO<T, acc_t>;
@@ -128,36 +128,29 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift) {
   }
   // The tail (fewer than kStep values) in two short passes through the vector code, blocks
   // of kWidth zero-padded at the end: its mean, then its M2 around that mean (with AVX-512
-  // a tail is up to 63 values, which a scalar loop took a tenth of a 1000-wide row to do).
+  // a tail is up to 63 values, too many for a scalar loop).
   if (vec_end < N) {
     WelfordState<acc_t> tail;
     tail.count = acc_t(N - vec_end);
-    auto load_shifted = [&](int64_t i, Vec& lo, Vec& hi) {
+    // x - shift (- mean) over the block at i, the padded lanes zeroed after the subtraction.
+    auto centered_block = [&](int64_t i, const Vec& mean, Vec& lo, Vec& hi) {
       const int64_t count = std::min<int64_t>(IO::kWidth, N - i);
-      if (count == IO::kWidth) {
-        IO::load_any_order(x + i, lo, hi);
-      } else {
-        load_partial<T, acc_t>(x + i, count, lo, hi);
-      }
-      lo = lo - vshift;
-      hi = hi - vshift;
-      keep_first_lanes(count, lo, hi);  // padded lanes held 0 - shift
+      load_partial<T, acc_t>(x + i, count, lo, hi);
+      lo = lo - vshift - mean;
+      hi = hi - vshift - mean;
+      keep_first_lanes(count, lo, hi);
     };
     Vec sum(0);
     for (int64_t i = vec_end; i < N; i += IO::kWidth) {
       Vec lo, hi;
-      load_shifted(i, lo, hi);
+      centered_block(i, Vec(0), lo, hi);
       sum = sum + (lo + hi);
     }
     tail.mean = lane_sum(sum) / tail.count;
-    const Vec tail_mean(tail.mean);
     Vec m2_sum(0);
     for (int64_t i = vec_end; i < N; i += IO::kWidth) {
       Vec lo, hi;
-      load_shifted(i, lo, hi);
-      lo = lo - tail_mean;
-      hi = hi - tail_mean;
-      keep_first_lanes(std::min<int64_t>(IO::kWidth, N - i), lo, hi);
+      centered_block(i, Vec(tail.mean), lo, hi);
       m2_sum = at::vec::fmadd(lo, lo, at::vec::fmadd(hi, hi, m2_sum));
     }
     tail.m2 = lane_sum(m2_sum);
