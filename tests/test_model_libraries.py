@@ -50,13 +50,16 @@ def _output_and_grads(model: nn.Module, inputs: dict) -> tuple[torch.Tensor, dic
 
 
 def _assert_close_normwise(fused, torch_same_dtype, ref64, what, rtol=1e-5):
-    """||fused - ref64|| <= 2 ||torch - ref64|| + rtol ||ref64||: for gradients of deep
-    models, where rounding differences of every layer add up and an elementwise bound
-    would judge noise."""
+    """||fused - ref64|| <= 2 ||torch - ref64|| + rtol (||ref64|| + sqrt(numel)): for
+    gradients of deep models, where rounding differences of every layer add up and an
+    elementwise bound would judge noise. The sqrt(numel) term is conftest's elementwise
+    float32 atol (1e-5 per element) over the tensor: a gradient that is zero in exact
+    arithmetic (BERT's key biases: softmax ignores a shift of its row) is float32 noise in
+    both models, which twice PyTorch's noise alone would not always bound."""
     ref64 = ref64.double()
     fused_err = (fused.double() - ref64).norm().item()
     torch_err = (torch_same_dtype.double() - ref64).norm().item()
-    bound = 2 * torch_err + rtol * ref64.norm().item()
+    bound = 2 * torch_err + rtol * (ref64.norm().item() + ref64.numel() ** 0.5)
     assert fused_err <= bound, f"{what}: error norm {fused_err:.3e} > {bound:.3e} (torch {torch_err:.3e})"
 
 

@@ -6,17 +6,20 @@
 //
 // GEMMs go through cuBLASLt with the epilogue that fuses the elementwise work where one
 // applies (float16 / bfloat16 / float32; GELU epilogues only for approximate="tanh", since
-// cuBLASLt's GELU is the tanh form), else through ATen's GEMMs plus fusednorm's kernels
-// ("otherwise": float64, FUSEDNORM_DISABLE_CUBLASLT=1, or no cuBLASLt algorithm):
+// cuBLASLt's GELU is the tanh form, and only for float16 / bfloat16: in float32 it is less
+// accurate, seen on an H100 with CUDA 13.0 as weight gradients about 100x further from
+// float64 than PyTorch's, an error under 16-bit rounding), else through ATen's GEMMs plus
+// fusednorm's kernels ("otherwise": float64, FUSEDNORM_DISABLE_CUBLASLT=1, or no cuBLASLt
+// algorithm):
 //
-//   step        with cuBLASLt                                   otherwise
-//   h, a        tanh:  GEMM + GELU_AUX(_BIAS) epilogue           addmm (mm), gelu pass
-//               exact: GEMM + BIAS epilogue, gelu pass
-//   out         GEMM + BIAS epilogue                             addmm (mm)
-//   dh, db1, a  tanh:  GEMM + DGELU(_BGRAD) epilogue, gelu pass  mm (dg), dgelu pass
-//               exact: mm (dg), dgelu pass (a, dh, db1 at once)
-//   dW2, db2    GEMM + BGRADB epilogue                           mm, column sum of dy
-//   dW1, dx     mm                                               mm
+//   step        with cuBLASLt                                          otherwise
+//   h, a        tanh, 16-bit: GEMM + GELU_AUX(_BIAS) epilogue           addmm (mm), gelu pass
+//               else:         GEMM + BIAS epilogue, gelu pass
+//   out         GEMM + BIAS epilogue                                    addmm (mm)
+//   dh, db1, a  tanh, 16-bit: GEMM + DGELU(_BGRAD) epilogue, gelu pass  mm (dg), dgelu pass
+//               else:         mm (dg), dgelu pass (a, dh, db1 at once)
+//   dW2, db2    GEMM + BGRADB epilogue                                  mm, column sum of dy
+//   dW1, dx     mm                                                      mm
 //
 // The kernels read and write 16 bytes per access where the row length and the pointers
 // allow it (a 1-element path otherwise), compute in float (double for double) and round
@@ -325,6 +328,12 @@ void launch_column_sum(const at::Tensor& x, T* out) {
       x.options());
 }
 
+// cuBLASLt's GELU epilogues: its GELU is the tanh form, accurate to 16-bit rounding only.
+template <typename T>
+constexpr bool gelu_epilogue_usable(GeluKind kind) {
+  return kind == GeluKind::kTanh && (std::is_same_v<T, at::Half> || std::is_same_v<T, at::BFloat16>);
+}
+
 template <typename T>
 T* data_or_null(const std::optional<at::Tensor>& t) {
   return given(t) ? const_cast<T*>(t->const_data_ptr<T>()) : nullptr;
@@ -353,7 +362,7 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
     T* b2 = data_or_null<T>(bias2);
 
     // h and a: one GEMM whose epilogue adds b1, applies tanh-GELU and keeps h (tanh only).
-    const bool fused = lt && kind == GeluKind::kTanh &&
+    const bool fused = lt && gelu_epilogue_usable<T>(kind) &&
                        try_cublaslt_gemm({input, false, weight1, true, act,
                                           b1 ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux,
                                           b1, hidden.mutable_data_ptr()});
@@ -419,7 +428,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
     T* db2 = has_bias2 ? grad_bias2.mutable_data_ptr<T>() : nullptr;
 
     // dh = (dy @ W2) * gelu'(h) and db1 in the GEMM's epilogue (tanh only); then a = gelu(h).
-    const bool fused = lt && kind == GeluKind::kTanh &&
+    const bool fused = lt && gelu_epilogue_usable<T>(kind) &&
                        try_cublaslt_gemm({grad_out, false, weight2, false, grad_hidden,
                                           db1 ? LtEpilogue::kDGeluBgrad : LtEpilogue::kDGelu,
                                           db1, const_cast<void*>(hidden_pre.const_data_ptr())});
