@@ -1,8 +1,8 @@
 // GELU feed-forward block on CUDA.
 //
 //   forward:  h = x @ W1^T + b1, a = gelu(h), out = a @ W2^T + b2
-//   backward: dg = dy @ W2, dh = dg * gelu'(h), db1 = sum_rows(dh), a = gelu(h) again,
-//             dW2 = dy^T @ a, db2 = sum_rows(dy), dW1 = dh^T @ x, dx = dh @ W1
+//   backward: a = gelu(h) again, dW2 = dy^T @ a, db2 = sum_rows(dy), dg = dy @ W2,
+//             dh = dg * gelu'(h), db1 = sum_rows(dh), dW1 = dh^T @ x, dx = dh @ W1
 //
 // GEMMs go through cuBLASLt with the epilogue that fuses the elementwise work where one
 // applies (float16 / bfloat16 / float32; GELU epilogues only for approximate="tanh", since
@@ -16,9 +16,10 @@
 //   h, a        tanh, 16-bit: GEMM + GELU_AUX(_BIAS) epilogue           addmm (mm), gelu pass
 //               else:         GEMM + BIAS epilogue, gelu pass
 //   out         GEMM + BIAS epilogue                                    addmm (mm)
-//   dh, db1, a  tanh, 16-bit: GEMM + DGELU(_BGRAD) epilogue, gelu pass  mm (dg), dgelu pass
-//               else:         mm (dg), dgelu pass (a, dh, db1 at once)
+//   a           gelu pass (recomputed from h)                           gelu pass
 //   dW2, db2    GEMM + BGRADB epilogue                                  mm, column sum of dy
+//   dh, db1     tanh, 16-bit: GEMM + DGELU(_BGRAD) epilogue             mm (dg), dgelu pass
+//               else:         mm (dg), dgelu pass (dh, db1 at once)
 //   dW1, dx     mm                                                      mm
 //
 // The kernels read and write 16 bytes per access where the row length and the pointers
@@ -101,26 +102,22 @@ constexpr int kSlabColThreads = 32;
 constexpr int kSlabRowThreads = 8;
 
 // The backward's elementwise work on kVec elements at offset `off` of [rows, cols]:
-// a = gelu(h), dh = dg * gelu'(h) stored over dg; returns dh (before rounding) for db1.
+// dh = dg * gelu'(h) stored over dg; returns dh (before rounding) for db1.
 template <typename T, int kVec, GeluKind kind>
 struct DGeluStep {
   const T* __restrict__ h;
   T* __restrict__ dg_dh;
-  T* __restrict__ a;
 
   __device__ __forceinline__ void operator()(int64_t off, acc_type<T> (&out)[kVec]) const {
     using acc_t = acc_type<T>;
     const Pack<T, kVec> hv = load_pack<kVec>(h + off);
     const Pack<T, kVec> gv = load_pack<kVec>(dg_dh + off);
-    Pack<T, kVec> av, dv;
+    Pack<T, kVec> dv;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const GeluAndGrad<acc_t> g = gelu_and_grad<kind>(static_cast<acc_t>(hv.v[j]));
-      out[j] = static_cast<acc_t>(gv.v[j]) * g.grad;
-      av.v[j] = static_cast<T>(g.value);
+      out[j] = static_cast<acc_t>(gv.v[j]) * gelu_and_grad<kind>(static_cast<acc_t>(hv.v[j])).grad;
       dv.v[j] = static_cast<T>(out[j]);
     }
-    store_pack<kVec>(a + off, av);
     store_pack<kVec>(dg_dh + off, dv);
   }
 };
@@ -299,20 +296,18 @@ void launch_column_slabs(int64_t rows, int64_t cols, bool packs_ok, MakeStep&& m
   }
 }
 
-// The backward's pass: a = gelu(h), dh = dg * gelu'(h) over dg, db1 = column sums of dh.
+// The backward's pass: dh = dg * gelu'(h) over dg, db1 = column sums of dh.
 template <typename T>
-void launch_dgelu(const at::Tensor& h, at::Tensor& dg_dh, at::Tensor& a, T* grad_bias,
-                  GeluKind kind) {
+void launch_dgelu(const at::Tensor& h, at::Tensor& dg_dh, T* grad_bias, GeluKind kind) {
   const T* h_ptr = h.const_data_ptr<T>();
   T* dg_ptr = dg_dh.mutable_data_ptr<T>();
-  T* a_ptr = a.mutable_data_ptr<T>();
-  const bool packs_ok = packs_fit<T>(h.size(1), {h_ptr, dg_ptr, a_ptr});
+  const bool packs_ok = packs_fit<T>(h.size(1), {h_ptr, dg_ptr});
   dispatch_gelu_kind(kind, [&](auto kind_tag) {
     constexpr GeluKind k = decltype(kind_tag)::value;
     launch_column_slabs<T>(
         h.size(0), h.size(1), packs_ok,
         [&](auto vec_tag) {
-          return DGeluStep<T, decltype(vec_tag)::value, k>{h_ptr, dg_ptr, a_ptr};
+          return DGeluStep<T, decltype(vec_tag)::value, k>{h_ptr, dg_ptr};
         },
         grad_bias, h.options());
   });
@@ -406,8 +401,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
   const c10::cuda::OptionalCUDAGuard device_guard(input.device());
   const int64_t M = input.size(0), K = input.size(1), H = weight1.size(0), N = weight2.size(0);
   const auto options = input.options();
-  at::Tensor grad_hidden = at::empty({M, H}, options);  // dg, then dh in place
-  at::Tensor act = at::empty({M, H}, options);
   at::Tensor grad_input = at::empty({M, K}, options);
   at::Tensor grad_weight1 = at::empty({H, K}, options);
   at::Tensor grad_weight2 = at::empty({N, H}, options);
@@ -421,32 +414,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
     return {grad_input, grad_weight1, grad_bias1, grad_weight2, grad_bias2};
   }
   const bool lt = cublaslt_enabled(input.scalar_type());
+  at::Tensor grad_hidden;  // dg, then dh in place
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_bwd", [&] {
     using T = scalar_t;
     T* db1 = has_bias1 ? grad_bias1.mutable_data_ptr<T>() : nullptr;
     T* db2 = has_bias2 ? grad_bias2.mutable_data_ptr<T>() : nullptr;
 
-    // dh = (dy @ W2) * gelu'(h) and db1 in the GEMM's epilogue (tanh only); then a = gelu(h).
+    // a = gelu(h) again, then dW2 = dy^T @ a, with db2 = column sums of dy in the GEMM's
+    // epilogue if it can. a is released before dh is allocated, so the backward holds h and
+    // one [M, H] temporary at a time (the caching allocator hands a's block to dh): its peak
+    // stays under eager's, which holds h, a and a gradient of one of them.
+    {
+      at::Tensor act = at::empty({M, H}, options);
+      launch_gelu<T>(hidden_pre, act, kind);
+      const bool db2_done = lt && db2 != nullptr &&
+                            try_cublaslt_gemm({grad_out, true, act, false, grad_weight2,
+                                               LtEpilogue::kBgradRowsOfA, db2});
+      if (!db2_done) {
+        at::mm_out(grad_weight2, grad_out.t(), act);
+        if (db2 != nullptr) launch_column_sum<T>(grad_out, db2);
+      }
+    }
+
+    // dh = (dy @ W2) * gelu'(h), stored over dg, and db1: in the GEMM's epilogue where it
+    // applies, else dg = dy @ W2 and one pass over h and dg.
+    grad_hidden = at::empty({M, H}, options);
     const bool fused = lt && gelu_epilogue_usable<T>(kind) &&
                        try_cublaslt_gemm({grad_out, false, weight2, false, grad_hidden,
                                           db1 ? LtEpilogue::kDGeluBgrad : LtEpilogue::kDGelu,
                                           db1, const_cast<void*>(hidden_pre.const_data_ptr())});
-    if (fused) {
-      launch_gelu<T>(hidden_pre, act, kind);
-    } else {
-      // Else dg = dy @ W2 first, then one pass over h and dg writes a, dh and db1.
+    if (!fused) {
       at::mm_out(grad_hidden, grad_out, weight2);
-      launch_dgelu<T>(hidden_pre, grad_hidden, act, db1, kind);
-    }
-
-    // dW2 = dy^T @ a, with db2 = column sums of dy in the GEMM's epilogue if it can.
-    const bool db2_done = lt && db2 != nullptr &&
-                          try_cublaslt_gemm({grad_out, true, act, false, grad_weight2,
-                                             LtEpilogue::kBgradRowsOfA, db2});
-    if (!db2_done) {
-      at::mm_out(grad_weight2, grad_out.t(), act);
-      if (db2 != nullptr) launch_column_sum<T>(grad_out, db2);
+      launch_dgelu<T>(hidden_pre, grad_hidden, db1, kind);
     }
   });
   at::mm_out(grad_weight1, grad_hidden.t(), input);
