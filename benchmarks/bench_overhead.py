@@ -54,7 +54,8 @@ class Api:
 class _EagerBlock(nn.Module):
     def __init__(self, block):
         super().__init__()
-        self.norm, self.fc1, self.fc2 = nn.LayerNorm(D), block.fc1, block.fc2
+        self.norm = nn.LayerNorm(D, device=block.norm.weight.device)
+        self.fc1, self.fc2 = block.fc1, block.fc2
         self.norm.load_state_dict(block.norm.state_dict())
 
     def forward(self, x):

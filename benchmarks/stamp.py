@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import platform
 import re
+import os
 import subprocess
 from pathlib import Path
 
@@ -49,7 +50,11 @@ def _git(*args: str) -> str:
 
 def git_commit() -> str:
     """HEAD's sha, with '-dirty' when tracked or untracked sources differ from it (results
-    files, which the benchmarks themselves rewrite, do not count); 'unknown' outside git."""
+    files, which the benchmarks themselves rewrite, do not count); 'unknown' outside git.
+    FUSEDNORM_COMMIT overrides it, for a copy of the sources whose .git is not theirs (a
+    tree sent to a GPU machine): whoever sets it vouches that the files are that commit's."""
+    if os.environ.get("FUSEDNORM_COMMIT"):
+        return os.environ["FUSEDNORM_COMMIT"]
     try:
         sha = _git("rev-parse", "HEAD")
         changes = _git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/results")
