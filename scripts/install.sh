@@ -56,6 +56,13 @@ else
   MAX_JOBS=$jobs "$PYTHON" setup.py build_ext --inplace
   say "compiled in $(( $(date +%s) - start )) s"
 fi
+# A library whose C++ error path crashes fails here, not in the first program that passes
+# a bad argument (seen with a compiler that linked its own libstdc++ into it).
+if ! "$PYTHON" scripts/check_error_path.py >&2; then
+  say "the compiled library crashed or misbehaved when an op rejected an argument (see above);"
+  say "rebuild with the compilers torch's C++ runtime comes from, e.g. CC=/usr/bin/gcc CXX=/usr/bin/g++"
+  exit 1
+fi
 
 # 3. register (and the extras' requirements)
 base_extras=${extras//models/}

@@ -1,0 +1,26 @@
+"""Exits 0 when the compiled library turns a rejected argument into a Python exception.
+
+Run as its own process after a build: a library whose C++ error path is broken crashes
+here (the exit status is then the signal's) instead of in the first user program that
+passes a bad argument. Seen on a GPU machine whose default C++ compiler (/opt/gcc) linked
+parts of its own libstdc++ into the library: formatting the first error message
+(c10::str of a shape) segfaulted inside that copy, for every op, CPU tensors included.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import fusednorm
+
+if not fusednorm.build_info()["compiled"]:
+    sys.exit("fusednorm's compiled library did not load: " + str(fusednorm.build_info()["load_error"]))
+try:
+    torch.ops.fusednorm.layer_norm_fwd(torch.randn(2, 3, 4), None, None, 1e-5)
+except RuntimeError as error:
+    if "2-D" not in str(error):
+        sys.exit(f"unexpected error message from a rejected argument: {error}")
+else:
+    sys.exit("layer_norm_fwd accepted a 3-D input it must reject")
+print("error path ok: a rejected argument raised RuntimeError")
