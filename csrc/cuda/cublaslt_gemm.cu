@@ -12,7 +12,6 @@
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/Exceptions.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <cublasLt.h>
 
@@ -102,12 +101,12 @@ cublasLtEpilogue_t to_cublaslt(LtEpilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-// The most workspace an algorithm may ask for, as cuBLAS recommends: 32 MiB on Hopper and
-// newer, 4 MiB before. Only what the chosen algorithm needs is allocated.
-size_t max_workspace_bytes() {
-  return at::cuda::getCurrentDeviceProperties()->major >= 9 ? (size_t(32) << 20)
-                                                            : (size_t(4) << 20);
-}
+// The workspace is PyTorch's own cuBLASLt workspace for the current handle and stream (the
+// one its cuBLASLt GEMMs use): allocated once per stream, not per call, so it is not part
+// of every call's peak memory (the FFN's forward+backward peak is meant to stay under
+// eager's, whose cuBLAS workspace is persistent too), and no call allocates under graph
+// capture. An algorithm may ask for at most its size.
+size_t max_workspace_bytes() { return at::cuda::getCUDABlasLtWorkspaceSize(); }
 
 // Whether the environment variable is set to 1; read at every call, so that tests can
 // change it.
@@ -288,17 +287,13 @@ bool try_cublaslt_gemm(const LtGemm& g) {
   if (uses_bias(g.epilogue)) plan.desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (uses_aux(g.epilogue)) plan.desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
 
-  // From the caching allocator on the current stream: freed for reuse by this stream when
-  // this function returns, which stream order makes safe; under graph capture it comes
-  // from the graph's private pool.
-  at::Tensor workspace =
-      at::empty({static_cast<int64_t>(plan.workspace)}, g.d.options().dtype(at::kByte));
+  void* workspace = plan.workspace > 0 ? at::cuda::getCUDABlasLtWorkspace() : nullptr;
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t status = cublasLtMatmul(
       at::cuda::getCurrentCUDABlasLtHandle(), plan.desc.desc, &alpha, g.b.const_data_ptr(),
       plan.first->layout, g.a.const_data_ptr(), plan.second->layout, &beta,
       g.d.mutable_data_ptr(), plan.out->layout, g.d.mutable_data_ptr(), plan.out->layout,
-      &plan.algo, plan.workspace > 0 ? workspace.mutable_data_ptr() : nullptr, plan.workspace,
+      &plan.algo, workspace, plan.workspace,
       at::cuda::getCurrentCUDAStream());
   if (status != CUBLAS_STATUS_SUCCESS) {
     // The caller recomputes everything this call would have written (outputs, aux, bias
