@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import re
-import os
 import subprocess
 from pathlib import Path
 
