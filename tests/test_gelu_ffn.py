@@ -562,8 +562,13 @@ def test_cuda_deterministic_and_graph_capturable(approximate):
     dy = random_input((2048, 128), torch.bfloat16, "cuda", scale=1.0, shift=0.0, seed=1)
 
     def step():
+        # y detached: an autograd graph alive from an eager step would keep the leaves'
+        # AccumulateGrad nodes, which remember the (legacy default) stream they were made
+        # on, and backward under capture then waits on that stream: PyTorch fails the
+        # capture with cudaErrorStreamCaptureImplicit (pytorch/pytorch#164302), as this
+        # test did on an H100 while the fused ops alone captured cleanly.
         y = fused(x)
-        return (y, *_grads(y, [x, *_params(fused)], dy))
+        return (y.detach(), *_grads(y, [x, *_params(fused)], dy))
 
     eager_results = step()
     again = step()
