@@ -370,7 +370,10 @@ def _fwd_bwd_peak_mib(module, x, dy, device):
     from benchmarks import harness  # the benchmarks' allocator-peak measurement
 
     params = _params(module)
-    step = lambda: torch.autograd.grad(module(x), [x, *params], dy)  # noqa: E731
+
+    def step():
+        return torch.autograd.grad(module(x), [x, *params], dy)
+
     # A training step's steady state, as the benchmarks measure it (after timing): the
     # first GEMMs of a process allocate the persistent per-stream cuBLAS and cuBLASLt
     # workspaces, which no later step allocates again.
