@@ -11,6 +11,7 @@
 #   BENCH_ARGS="--quick"  bash scripts/gpu_check.sh     options for python -m benchmarks
 #   PYTEST_K="cuda and not slow" bash scripts/gpu_check.sh   a -k filter for the test phase
 #   PYTEST_ARGS="-x"      bash scripts/gpu_check.sh     more options for its pytest
+#   PYTEST_WORKERS=14     bash scripts/gpu_check.sh     test processes (pytest-xdist; default 8)
 #
 # In OUT_DIR: build.log, tests.log + tests.xml (JUnit), sanitize.log, bench.log with the
 # benchmark results in bench/, build_info.json, nvidia-smi.txt, summary.md. Exits non-zero
@@ -88,10 +89,14 @@ fi
 
 if wants tests; then
   start=$SECONDS
-  # The whole suite: CUDA cases run on the GPU, the emulation and SASS checks too.
+  # The whole suite: CUDA cases run on the GPU, the emulation and SASS checks too; on
+  # PYTEST_WORKERS processes where pytest-xdist is installed (serially it outlasts a
+  # 10-minute call: 1500 tests took 6 min on 14 workers of an H100 machine).
+  workers=()
+  if "$PYTHON" -c 'import xdist' 2>/dev/null; then workers=(-n "${PYTEST_WORKERS:-8}"); fi
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of options
   FUSEDNORM_REQUIRE_SASS=1 FUSEDNORM_REQUIRE_EMULATION=1 \
-    "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
+    "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
     ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} > "$OUT_DIR/tests.log" 2>&1
   code=$?
   phase_result tests $code $((SECONDS - start)) \

@@ -11,6 +11,7 @@ a failure instead).
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
@@ -71,12 +72,17 @@ def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
         with open(path, "rb") as f:
             digest.update(path.encode() + f.read())
     binary = os.path.join(out_dir, f"layer_norm_emulated-{digest.hexdigest()[:16]}")
-    if not os.path.exists(binary):
-        os.makedirs(out_dir, exist_ok=True)
-        cmd = [compiler, *flags, os.path.join(EMULATION, "layer_norm_emulated.cpp"), "-o", binary + ".tmp"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        assert done.returncode == 0, f"emulation build failed:\n{' '.join(cmd)}\n{done.stderr[-6000:]}"
-        os.replace(binary + ".tmp", binary)
+    os.makedirs(out_dir, exist_ok=True)
+    # One compile per binary, also under pytest-xdist: the other processes wait for it
+    # (14 workers compiling at once on a 16-core GPU machine took over 200 s each).
+    with open(binary + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(binary):
+            tmp = f"{binary}.{os.getpid()}.tmp"
+            cmd = [compiler, *flags, os.path.join(EMULATION, "layer_norm_emulated.cpp"), "-o", tmp]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            assert done.returncode == 0, f"emulation build failed:\n{' '.join(cmd)}\n{done.stderr[-6000:]}"
+            os.replace(tmp, binary)
     return binary
 
 
