@@ -9,10 +9,13 @@ parts of its own libstdc++ into the library: formatting the first error message
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-import fusednorm
+# The checkout's fusednorm, also before `pip install -e` has registered it.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import fusednorm  # noqa: E402
 
 if not fusednorm.build_info()["compiled"]:
     sys.exit("fusednorm's compiled library did not load: " + str(fusednorm.build_info()["load_error"]))
