@@ -41,8 +41,22 @@ phase_result() {  # name, exit code, seconds, detail
 }
 wants() { [[ " $PHASES " == *" $1 "* ]]; }
 
+# The commit the results are stamped with. A copy of the sources sent to a GPU machine may
+# carry an older .git than its files (seen on the lent H100: results said 4dd2170-dirty):
+# SOURCE_COMMIT=<sha> SOURCE_TREE=<git rev-parse sha^{tree}> stamps sha when the files here
+# make that very tree (git write-tree over the working files; build outputs are ignored).
+if [[ -n "${SOURCE_COMMIT:-}" ]]; then
+  tree=$(git add -A . >/dev/null 2>&1 && git write-tree 2>/dev/null)
+  if [[ -n "$tree" && "$tree" == "${SOURCE_TREE:-}" ]]; then
+    export FUSEDNORM_COMMIT=$SOURCE_COMMIT
+    log "sources are commit $SOURCE_COMMIT (tree $tree)"
+  else
+    log "files here make tree ${tree:-unknown}, not SOURCE_TREE=${SOURCE_TREE:-unset}: stamping git's own view"
+  fi
+fi
+
 {
-  echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo
   echo "| phase | result | time | detail |"
   echo "|---|---|---|---|"
@@ -59,20 +73,6 @@ print(" ".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in ra
 fi
 export TORCH_CUDA_ARCH_LIST
 log "archs $TORCH_CUDA_ARCH_LIST, $MAX_JOBS jobs, CUDA_HOME=$CUDA_HOME, results in $OUT_DIR"
-
-# The commit the results are stamped with. A copy of the sources sent to a GPU machine may
-# carry an older .git than its files (seen on the lent H100: results said 4dd2170-dirty):
-# SOURCE_COMMIT=<sha> SOURCE_TREE=<git rev-parse sha^{tree}> stamps sha when the files here
-# make that very tree (git write-tree over the working files; build outputs are ignored).
-if [[ -n "${SOURCE_COMMIT:-}" ]]; then
-  tree=$(git add -A . >/dev/null 2>&1 && git write-tree 2>/dev/null)
-  if [[ -n "$tree" && "$tree" == "${SOURCE_TREE:-}" ]]; then
-    export FUSEDNORM_COMMIT=$SOURCE_COMMIT
-    log "sources are commit $SOURCE_COMMIT (tree $tree)"
-  else
-    log "files here make tree ${tree:-unknown}, not SOURCE_TREE=${SOURCE_TREE:-unset}: stamping git's own view"
-  fi
-fi
 
 if wants build; then
   start=$SECONDS
