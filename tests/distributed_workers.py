@@ -80,6 +80,10 @@ def _worker(rank: int, world_size: int, port: int, engine: str, batches, out_dir
             for name, value in model.state_dict().items()
         }
         torch.save(state, Path(out_dir) / f"rank{rank}.pt")
+        # Every rank done with every collective before any closes its connections: a rank
+        # that tore down gloo while its peer was still finishing the last gather aborted
+        # the peer once in CI ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
