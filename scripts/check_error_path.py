@@ -2,9 +2,9 @@
 
 Run as its own process after a build: a library whose C++ error path is broken crashes
 here (the exit status is then the signal's) instead of in the first user program that
-passes a bad argument. Seen on a GPU machine whose default C++ compiler (/opt/gcc) linked
-parts of its own libstdc++ into the library: formatting the first error message
-(c10::str of a shape) segfaulted inside that copy, for every op, CPU tensors included.
+passes a bad argument. Seen on a GPU machine whose default C++ compiler was /opt/gcc:
+formatting the first error message (c10::str of a shape) segfaulted, for every op, CPU
+tensors included, in libstdc++ code that the debugger placed inside the library itself.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fusednorm  # noqa: E402
 
-if not fusednorm.build_info()["compiled"]:
-    sys.exit("fusednorm's compiled library did not load: " + str(fusednorm.build_info()["load_error"]))
+info = fusednorm.build_info()
+if not info["compiled"]:
+    sys.exit(f"fusednorm's compiled library did not load: {info['load_error']}")
 try:
     torch.ops.fusednorm.layer_norm_fwd(torch.randn(2, 3, 4), None, None, 1e-5)
 except RuntimeError as error:

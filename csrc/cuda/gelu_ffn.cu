@@ -423,8 +423,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
 
     // a = gelu(h) again, then dW2 = dy^T @ a, with db2 = column sums of dy in the GEMM's
     // epilogue if it can. a is released before dh is allocated, so the backward holds h and
-    // one [M, H] temporary at a time (the caching allocator hands a's block to dh): its peak
-    // stays under eager's, which holds h, a and a gradient of one of them.
+    // one [M, H] temporary at a time (the caching allocator hands a's block to dh), where
+    // eager holds h, a and a gradient of one of them. The price, off the 16-bit tanh path:
+    // h is read twice (the gelu pass, then the dgelu pass), once when one pass wrote a and dh.
     {
       at::Tensor act = at::empty({M, H}, options);
       launch_gelu<T>(hidden_pre, act, kind);
