@@ -1,4 +1,5 @@
-"""Build fusednorm._C: the CPU kernels always, the CUDA kernels when torch and nvcc allow.
+"""Build fusednorm._C: the CPU kernels always, the CUDA kernels when torch and nvcc allow;
+and fusednorm._fast, the ops' direct Python entries.
 
 Knobs (environment variables):
   FUSEDNORM_CPU_ONLY=1            skip the CUDA sources even when they could be built
@@ -228,6 +229,17 @@ def make_extension():
     )
 
 
+def make_fast_calls_extension():
+    """fusednorm._fast (csrc/python): direct Python entries into the public ops, built
+    against the full Python API and libtorch_python, so not abi3 like _C; optional at import
+    (without it, calls go through torch.ops)."""
+    debug = os.environ.get("FUSEDNORM_DEBUG", "0") == "1"
+    return CppExtension(
+        "fusednorm._fast", ["csrc/python/fast_calls.cpp"],
+        extra_compile_args={"cxx": (["-O0", "-g"] if debug else ["-O2"]) + ["-fvisibility=hidden"]},
+    )
+
+
 def write_build_config(extension):
     """fusednorm/_build_config.py: what was compiled, read before loading _C."""
     capability = _cpu_capability()
@@ -272,7 +284,8 @@ class _BuildExt(BuildExtension.with_options(use_ninja=True)):
 
 
 setup(
-    ext_modules=[] if _SKIP_EXT else [write_build_config(make_extension())],
+    ext_modules=[] if _SKIP_EXT else [
+        write_build_config(make_extension()), make_fast_calls_extension()],
+    # No abi3 wheel tag: fusednorm._fast is built for this Python (and _C for this torch).
     cmdclass={"build_ext": _BuildExt},
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -6,6 +6,7 @@ back to its plain-PyTorch reference with a warning.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -54,6 +55,29 @@ if not AVAILABLE:
         RuntimeWarning,
         stacklevel=2,
     )
+
+
+def _load_fast_calls():
+    """fusednorm._fast (csrc/python/fast_calls.cpp), the direct Python entries into the ops
+    that fusednorm.functional calls first; None without _C, when FUSEDNORM_FAST_CALLS=0, or
+    when it did not build or import (then every call goes through torch.ops, only slower)."""
+    global FAST_CALLS_ERROR
+    if not AVAILABLE:
+        FAST_CALLS_ERROR = "fusednorm._C is not loaded"
+        return None
+    if os.environ.get("FUSEDNORM_FAST_CALLS", "1") == "0":
+        FAST_CALLS_ERROR = "FUSEDNORM_FAST_CALLS=0"
+        return None
+    try:
+        from . import _fast
+    except ImportError as error:
+        FAST_CALLS_ERROR = f"fusednorm._fast failed to import: {error}"
+        return None
+    return _fast
+
+
+FAST_CALLS_ERROR: str | None = None
+FAST_CALLS = _load_fast_calls()
 
 
 def _compiled_kernels() -> frozenset[tuple[str, str]]:

@@ -1,7 +1,9 @@
 """Functional forms with the signatures of torch.nn.functional.
 
 Each is one call of a compiled op (fusednorm/ops/), which checks its arguments, runs the
-kernels and carries the autograd formula in C++. Python steps in only when that call
+kernels and carries the autograd formula in C++; in eager mode through its direct entry in
+fusednorm._fast when it can (PyTorch's own functions' host cost per call, where torch.ops
+costs about 2 us more), else through torch.ops. Python steps in only when that call
 fails: to name an argument of the wrong Python type (the op's schema rejects it with a
 generic message), or to fall back to fusednorm.reference where no kernel was compiled for
 the input's device (or the library did not load). The checks below serve those two paths.
@@ -16,6 +18,11 @@ import torch
 from . import _loader, ops, reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# Each function below first tries its direct entry (ops.FAST), which answers NotImplemented
+# where the torch.ops path must decide: tensor subclasses, TorchFunctionModes, symbolic
+# sizes, any error (so errors are explained the one way). Under torch.compile the check
+# below is a constant True and dynamo traces the torch.ops call, a graph node.
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _warned_fallback: set[tuple[str, str]] = set()
 
 
@@ -134,6 +141,10 @@ def layer_norm(
     output in the input's dtype; weight/bias may be float32 for a float16/bfloat16 input."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if ops.FAST is not None and not _dynamo_compiling():
+        out = ops.FAST.layer_norm(input, normalized_shape, weight, bias, eps)
+        if out is not NotImplemented:
+            return out
     if ops.LAYER_NORM is not None:
         try:
             return ops.LAYER_NORM(input, normalized_shape, weight, bias, eps)[0]
@@ -167,6 +178,10 @@ def rms_norm(
     Statistics in float32 (float64 for float64), output in the input's dtype."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if ops.FAST is not None and not _dynamo_compiling():
+        out = ops.FAST.rms_norm(input, normalized_shape, weight, eps)
+        if out is not NotImplemented:
+            return out
     if ops.RMS_NORM is not None:
         try:
             return ops.RMS_NORM(input, normalized_shape, weight, eps)[0]
@@ -192,6 +207,10 @@ def add_layer_norm(
     (reads input and residual once, writes both outputs once). Both are differentiable."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if ops.FAST is not None and not _dynamo_compiling():
+        out = ops.FAST.add_layer_norm(input, residual, normalized_shape, weight, bias, eps)
+        if out is not NotImplemented:
+            return out
     if ops.ADD_LAYER_NORM is not None:
         try:
             out, total, _, _ = ops.ADD_LAYER_NORM(input, residual, normalized_shape, weight, bias, eps)
@@ -217,6 +236,10 @@ def add_rms_norm(
     input's dtype, in one pass over memory; both outputs differentiable."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if ops.FAST is not None and not _dynamo_compiling():
+        out = ops.FAST.add_rms_norm(input, residual, normalized_shape, weight, eps)
+        if out is not NotImplemented:
+            return out
     if ops.ADD_RMS_NORM is not None:
         try:
             out, total, _ = ops.ADD_RMS_NORM(input, residual, normalized_shape, weight, eps)
@@ -325,6 +348,10 @@ def gelu_ffn(
     cast to the autocast dtype, as nn.Linear's are). approximate is 'none' (exact, erf) or
     'tanh'. The backward keeps one [tokens, hidden] activation instead of eager's two.
     """
+    if ops.FAST is not None and not _dynamo_compiling():
+        out = ops.FAST.gelu_ffn(input, weight1, bias1, weight2, bias2, approximate)
+        if out is not NotImplemented:
+            return out
     if ops.GELU_FFN is not None:
         try:
             return ops.GELU_FFN(input, weight1, bias1, weight2, bias2, approximate)[0]
@@ -373,6 +400,10 @@ def layer_norm_gelu_ffn(
     bias may be float32 for a float16/bfloat16 input; the FFN's tensors have input's dtype.
     Under autocast it runs as layer_norm then gelu_ffn, each with autocast's dtypes."""
     args = (input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate)
+    if ops.FAST is not None and not _dynamo_compiling():
+        out = ops.FAST.layer_norm_gelu_ffn(*args)
+        if out is not NotImplemented:
+            return out
     if ops.LAYER_NORM_GELU_FFN is not None:
         try:
             return ops.LAYER_NORM_GELU_FFN(*args)[0]

@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 def build_info() -> dict:
     """Compiled kernels and the versions around them, e.g. for bug reports and results
     files: {'fusednorm', 'torch', 'cuda', 'compiled', 'cpu_capability', 'cpu_kernels',
-    'cuda_kernels', 'cuda_archs', 'load_error'}."""
+    'cuda_kernels', 'cuda_archs', 'load_error', 'fast_calls', 'fast_calls_error'}:
+    fast_calls is whether the functions call the ops through fusednorm._fast (else torch.ops)."""
     compiled: dict[str, str] = {}
     if _loader.AVAILABLE:
         for line in torch.ops.fusednorm.build_info().splitlines():
@@ -27,4 +28,6 @@ def build_info() -> dict:
         "cuda_kernels": _loader.has_kernel("layer_norm_fwd", "cuda"),
         "cuda_archs": compiled.get("cuda_archs", "").replace("_", " ").split(),
         "load_error": _loader.LOAD_ERROR,
+        "fast_calls": _loader.FAST_CALLS is not None,
+        "fast_calls_error": _loader.FAST_CALLS_ERROR,
     }

@@ -8,6 +8,7 @@ torch.compile(fullgraph=True) and torch.export see every op as one opaque node),
 op's OpOverload (None when the library did not load).
 """
 from . import backend  # noqa: F401  (registers the backend ops' fake kernels)
+from ._library import FAST
 from .add_layer_norm import ADD_LAYER_NORM
 from .add_rms_norm import ADD_RMS_NORM
 from .gelu_ffn import GELU_FFN, GeluFFNFunction
@@ -16,6 +17,6 @@ from .layer_norm_gelu_ffn import LAYER_NORM_GELU_FFN, LayerNormGeluFFNFunction
 from .rms_norm import RMS_NORM
 
 __all__ = [
-    "ADD_LAYER_NORM", "ADD_RMS_NORM", "GELU_FFN", "LAYER_NORM", "LAYER_NORM_GELU_FFN", "RMS_NORM",
+    "FAST", "ADD_LAYER_NORM", "ADD_RMS_NORM", "GELU_FFN", "LAYER_NORM", "LAYER_NORM_GELU_FFN", "RMS_NORM",
     "FusedLayerNormFunction", "GeluFFNFunction", "LayerNormGeluFFNFunction",
 ]

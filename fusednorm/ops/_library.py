@@ -9,6 +9,10 @@ import torch
 from .. import _loader
 
 OPS = torch.ops.fusednorm if _loader.AVAILABLE else None
+# fusednorm._fast: direct entries into the same ops, about 2 us faster per call than
+# torch.ops; each returns NotImplemented where the torch.ops path must decide (see
+# fusednorm.functional). None when it is not loaded.
+FAST = _loader.FAST_CALLS
 
 
 def overload(name: str):
