@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -126,6 +127,8 @@ def test_device_without_kernel_falls_back_to_reference_with_a_warning(monkeypatc
                                   "the 'CPU' backend")
 
     monkeypatch.setattr(ops, "LAYER_NORM", no_kernel)
+    # The direct entry declines a call the dispatcher refuses (test_fast_calls.py).
+    monkeypatch.setattr(ops, "FAST", types.SimpleNamespace(layer_norm=lambda *a: NotImplemented))
     monkeypatch.setattr(_loader, "KERNELS", frozenset())
     monkeypatch.setattr(functional, "_warned_fallback", set())
     x, w = torch.randn(3, 5), torch.randn(5)
