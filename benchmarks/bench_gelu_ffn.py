@@ -150,7 +150,7 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
-    device = cli.resolve_device(args.device)
+    device = cli.resolve_device(args.device, args.cpu_memory)
     shapes = [s if len(s) == 3 else (s[0], s[1], 4 * s[1])
               for s in (args.shapes or default_shapes(device, args.quick))]
     dtypes = args.dtypes or default_dtypes(device, args.quick)

@@ -179,7 +179,7 @@ def usable_providers(suite: NormSuite, wanted, device, notes: list[str]) -> list
 
 def run(suite: NormSuite, args: argparse.Namespace):
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
-    device = cli.resolve_device(args.device)
+    device = cli.resolve_device(args.device, args.cpu_memory)
     shapes = args.shapes or default_shapes(device, args.quick)
     dtypes = args.dtypes or (CPU_DTYPES if device.type == "cpu"
                              else GPU_DTYPES[:1] if args.quick else GPU_DTYPES)

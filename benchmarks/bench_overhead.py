@@ -129,7 +129,7 @@ def _row(api: str, case: str, provider: str, samples: list[float]) -> dict:
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
-    device = cli.resolve_device(args.device)
+    device = cli.resolve_device(args.device, args.cpu_memory)
     reason = availability.fusednorm_skip_reason(device, "layer_norm", "layer_norm")
     if reason:
         raise SystemExit(f"[{SUITE}] cannot run: {reason}")

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from . import runner, stamp
+from . import harness, runner, stamp
 
 DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -66,6 +66,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                             "published results: run on a quiet machine)")
     parser.add_argument("--time-per-measurement", type=float, default=None, metavar="S",
                         help="seconds per timed measurement (default 0.35 CPU, 0.2 GPU; quick: 0.1)")
+    parser.add_argument("--cpu-memory", choices=harness.CPU_MEMORY_MODES, default="reuse",
+                        help="CPU runs: 'reuse' (default): new outputs reuse freed memory, as "
+                             "under a caching allocator in training; 'fresh': glibc's "
+                             "defaults, outputs above 32 MiB are new, OS-zeroed pages every call")
 
 
 def add_suite_arguments(parser: argparse.ArgumentParser, providers: Sequence[str]) -> None:
@@ -77,11 +81,14 @@ def add_suite_arguments(parser: argparse.ArgumentParser, providers: Sequence[str
                         help=f"comma list among {', '.join(providers)} (default: all available)")
 
 
-def resolve_device(choice: str) -> torch.device:
+def resolve_device(choice: str, cpu_memory: str = "reuse") -> torch.device:
+    """The device to measure on; for the CPU, also applies --cpu-memory."""
     if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible to torch")
+    if choice == "cpu":
+        harness.use_cpu_memory(cpu_memory)
     return torch.device(choice)
 
 

@@ -43,5 +43,5 @@ NOTE = (f"{FRESH_COPY}: the floor of an out-of-place op, timed like the provider
         "and writes the pass's rows and nothing else, into freshly allocated outputs (fwd: "
         "a clone of x (and r); bwd: dy + x, or ds + dy * x with a residual). % of fresh-copy "
         "is its time over the provider's. Unlike the copy bandwidth (into a preallocated "
-        "tensor), it pays what every provider pays for new outputs, e.g. the first-touch "
-        "zeroing of fresh pages.")
+        "tensor), it pays what every provider pays for new outputs (under --cpu-memory fresh: "
+        "the first-touch zeroing of fresh pages).")

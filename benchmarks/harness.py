@@ -9,6 +9,7 @@ so inputs larger than the CPU's last-level cache are read from memory, as on the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import math
 import os
@@ -219,11 +220,53 @@ def peak_memory_mb(fn: Callable[[], object], device: torch.device) -> float | No
     return None if measured is None else measured[0]
 
 
+# --cpu-memory: where a CPU call's new outputs come from. "reuse": glibc's malloc keeps
+# freed memory and serves the next allocation from it, as a caching allocator does (the
+# steady state of a training step; PyTorch's CPU tuning guide gets it with jemalloc or
+# tcmalloc); the kernels are then timed against the memory system, not against the OS.
+# "fresh": glibc's defaults, under which every block above its 32 MiB mmap threshold is new
+# pages on every call, zeroed by the kernel at first touch.
+CPU_MEMORY_MODES = ("reuse", "fresh")
+_cpu_memory = "fresh"  # what applies in this process
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def use_cpu_memory(mode: str) -> None:
+    """Applies --cpu-memory for the rest of the process ("reuse": mallopt no mmap'ed blocks
+    and no trimming, so freed blocks stay mapped for the next call). glibc only; elsewhere
+    "reuse" raises SystemExit."""
+    global _cpu_memory
+    if mode == _cpu_memory:
+        return
+    if mode != "reuse":
+        raise SystemExit(f"--cpu-memory {mode}: this process already reuses memory")
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        raise SystemExit("--cpu-memory reuse needs glibc's mallopt; use --cpu-memory fresh")
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):
+        raise SystemExit("--cpu-memory reuse: mallopt refused; use --cpu-memory fresh")
+    _cpu_memory = mode
+
+
+def cpu_memory() -> str:
+    """The --cpu-memory mode in effect in this process."""
+    return _cpu_memory
+
+
 def allocator_note() -> str:
     """How PyTorch's CPU allocator backed large tensors in this run (see benchmarks/__init__)."""
     from . import THP_SET_BEFORE_TORCH, THP_SETTING
 
     value = os.environ.get(THP_SETTING, "")
+    if _cpu_memory == "reuse":
+        return ("Memory (--cpu-memory reuse): glibc's malloc keeps freed memory (mallopt "
+                "M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB), so each call's new outputs reuse the "
+                "blocks the previous call freed, as under a caching allocator (jemalloc, "
+                "tcmalloc) in the steady state of training, for every provider alike; "
+                f"{THP_SETTING}={value or 'unset'}. With --cpu-memory fresh (glibc's "
+                "defaults), outputs above 32 MiB are new pages on every call, zeroed by the "
+                "OS at first touch, which costs every provider up to 2x at 16384 tokens.")
     if value == "1" and THP_SET_BEFORE_TORCH:
         return (f"Memory: {THP_SETTING}=1 (PyTorch's CPU allocator puts tensors of 2 MiB or "
                 "more on 2 MiB pages): outputs above 32 MiB are still new pages on every "

@@ -47,13 +47,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown suite(s) {unknown}; choose among {list(SUITES)}")
     out = cli.out_root(args)
     cli.warn_unpublishable(args)
-    device = cli.resolve_device(args.device)
+    device = cli.resolve_device(args.device, args.cpu_memory)
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
     failed, folders = [], []
     for name in args.suites:
         module = SUITES[name]
         suite_args = module.parser().parse_args([])
-        for key in ("device", "passes", "quick", "out", "save", "time_per_measurement"):
+        for key in ("device", "passes", "quick", "out", "save", "time_per_measurement",
+                    "cpu_memory"):
             if hasattr(suite_args, key):
                 setattr(suite_args, key, getattr(args, key))
         start = time.monotonic()

@@ -206,11 +206,13 @@ def run(
 ) -> dict:
     """Builds, checks and times every case (one at a time, to bound memory) and returns
     {suite, device, device_kind, torch, fusednorm_build, commit, date, copy_gbps,
-    rows}."""
+    rows}, and on the CPU cpu_memory (--cpu-memory)."""
     from tqdm import tqdm
 
     device = settings.device
     result = stamp.header(settings.suite, device)
+    if device.type == "cpu":
+        result["cpu_memory"] = harness.cpu_memory()
     busy = harness.busy_note(device)
     if busy:
         settings.notes.append(busy)
