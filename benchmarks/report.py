@@ -76,7 +76,9 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
         f"{result['device_kind']}, torch {result['torch']}, fusednorm kernels: "
         f"{result.get('fusednorm_build', 'not recorded')}, commit `{result['commit']}`, "
         f"{result['date']}; copy bandwidth {result['copy_gbps']:.1f} GB/s "
-        "(bytes read + written / s, measured in the same run). Times are medians.",
+        "(bytes read + written / s, measured in the same run). Times are medians."
+        + (f" CPU memory: {result['cpu_memory']} (see the notes)." if "cpu_memory" in result
+           else ""),
     ]
     providers = _providers(result["rows"])
     for pass_name in dict.fromkeys(r["pass"] for r in result["rows"]):
@@ -134,9 +136,16 @@ def to_json(result: dict) -> str:
     return "{\n" + "\n".join(head) + '\n "rows": [\n' + rows + "\n ]\n}\n"
 
 
+def folder_name(result: dict) -> str:
+    """<device-slug>, with -fresh-memory for a CPU run under --cpu-memory fresh (so that its
+    files sit beside the default run's instead of replacing them)."""
+    suffix = "-fresh-memory" if result.get("cpu_memory") == "fresh" else ""
+    return stamp.slug(result["device"]) + suffix
+
+
 def write(result: dict, out_root: Path, md: str, draw: Callable[[Path], None]) -> Path:
-    """Writes <out_root>/<device-slug>/<suite>.{json,md,png}; returns that folder."""
-    folder = Path(out_root) / stamp.slug(result["device"])
+    """Writes <out_root>/<folder_name>/<suite>.{json,md,png}; returns that folder."""
+    folder = Path(out_root) / folder_name(result)
     folder.mkdir(parents=True, exist_ok=True)
     base = folder / result["suite"]
     base.with_suffix(".json").write_text(to_json(result))

@@ -13,7 +13,7 @@ import fusednorm
 from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, stamp
 
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build", "commit", "date",
-            "copy_gbps", "rows"]
+            "cpu_memory", "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
             "pct_of_copy", "peak_mem_mb", "saved_mb"]
 FFN_ROW_KEYS = ROW_KEYS + ["hidden", "tflops", "pct_of_gemm"]
@@ -21,8 +21,11 @@ NORM_ROW_KEYS = ROW_KEYS + ["pct_of_fresh_copy"]  # the norm suites' floor
 
 
 def _run(module, tmp_path, *argv):
+    # --cpu-memory fresh: glibc's defaults, which the test process keeps (reuse would change
+    # malloc for the rest of it; test_cpu_memory_reuse runs that in a subprocess).
     args = module.parser().parse_args(
-        ["--device", "cpu", "--out", str(tmp_path), "--time-per-measurement", "0.01", *argv])
+        ["--device", "cpu", "--out", str(tmp_path), "--time-per-measurement", "0.01",
+         "--cpu-memory", "fresh", *argv])
     return module.run(args)
 
 
@@ -118,9 +121,10 @@ def test_cli_parsing():
 def test_overhead_results_format(tmp_path):
     from benchmarks import bench_overhead
 
-    args = bench_overhead.parser().parse_args(["--device", "cpu", "--out", str(tmp_path), "--quick"])
+    args = bench_overhead.parser().parse_args(["--device", "cpu", "--out", str(tmp_path), "--quick",
+                                               "--cpu-memory", "fresh"])
     result, md, folder = bench_overhead.run(args)
-    assert list(result) == [k for k in TOP_KEYS if k != "copy_gbps"]
+    assert list(result) == [k for k in TOP_KEYS if k not in ("copy_gbps", "cpu_memory")]
     apis = {"layer_norm", "FusedLayerNorm", "gelu_ffn", "FusedGeluFFN", "FusedLayerNormGeluFFN"}
     assert {r["api"] for r in result["rows"]} == apis
     assert len(result["rows"]) == len(apis) * 3 * 2  # apis x passes x providers
@@ -241,3 +245,22 @@ def test_default_cpu_cases_cover_every_dtype():
     fp64 = {(M, N) for d, M, N in cases if d == torch.float64}
     assert fp64 and any(N % 16 for _, N in fp64)
     assert all(d != torch.float64 for d, _, _ in bench_layer_norm.default_cases(cpu, quick=True))
+
+
+def test_cpu_memory_modes_record_themselves_and_keep_apart(tmp_path):
+    """The default --cpu-memory reuse (run in a subprocess: it changes malloc for the rest
+    of the process) and fresh write to sibling folders, each saying which it was."""
+    import subprocess
+    import sys
+
+    argv = ["--device", "cpu", "--shapes", "64x32", "--dtypes", "fp32", "--passes", "fwd",
+            "--providers", "fusednorm,fresh-copy", "--time-per-measurement", "0.01"]
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_layer_norm", "--out", str(tmp_path / "a"),
+                    *argv], check=True, cwd=stamp.REPO_ROOT, capture_output=True)
+    (reuse_json,) = (tmp_path / "a").glob("*/layer_norm.json")
+    reuse = json.loads(reuse_json.read_text())
+    assert reuse["cpu_memory"] == "reuse" and not reuse_json.parent.name.endswith("-fresh-memory")
+    assert "Memory (--cpu-memory reuse)" in reuse_json.with_suffix(".md").read_text()
+    fresh, _, folder = _run(bench_layer_norm, tmp_path / "b", *argv[2:])
+    assert fresh["cpu_memory"] == "fresh"
+    assert folder.name == reuse_json.parent.name + "-fresh-memory"
