@@ -18,9 +18,12 @@ from conftest import (ATOL, DEVICES, DTYPES, HAS_CUDA, RecordingBackend, assert_
 
 APPROXIMATE = ["none", "tanh"]
 # (batch shape, d_model, hidden): odd sizes (scalar tails, unaligned rows), a 3-D input,
-# sizes that take the vectorized / cuBLASLt-epilogue paths, and one that the CPU kernels
-# run in three chunks of 400 rows (chunks of at most 512 rows at hidden 4096).
-SHAPES = [((5,), 7, 33), ((4, 9), 16, 64), ((70,), 64, 256), ((1200,), 24, 4096)]
+# sizes that take the vectorized / cuBLASLt-epilogue paths, and two that the CPU kernels
+# run in chunks: 1200 x 4096 in three forward chunks of 400 rows and backward chunks of
+# 1408, 1408 and 1280 hidden columns; 300 x 777 in backward chunks of 448 and 329 columns
+# (an odd, unaligned last chunk).
+SHAPES = [((5,), 7, 33), ((4, 9), 16, 64), ((70,), 64, 256), ((1200,), 24, 4096),
+          ((3, 100), 24, 777)]
 
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 

@@ -8,7 +8,9 @@
 //             place of dg), with the partial column sums of dh (db1) and dy (db2);
 //             dW2 = dy^T @ a,  dW1 = dh^T @ x,  dx = dh @ W1
 //
-// Only x and h are kept between the two: gelu(h) is recomputed in the backward's pass.
+// Only x and h are kept between the two: gelu(h) is recomputed in the backward's pass. The
+// [M, H] temporaries live one chunk at a time: rows of the activation in the forward,
+// hidden columns of the activation and hidden gradient in the backward.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -231,39 +233,35 @@ void add_row(const T* row, acc_type<T>* part, int64_t n) {
   for (int64_t i = vec_end; i < n; ++i) part[i] += static_cast<acc_t>(row[i]);
 }
 
-// The backward's pass over M rows, in `blocks` row blocks; block b adds its column sums of
-// dh to part1[b] ([blocks, H]) and of dy to part2[b] ([blocks, N]), which it first zeroes
-// unless `accumulate` (a later chunk of rows adding to the same partials).
+// The backward's pass over M rows of one chunk of hidden columns (`cols` wide; h's rows
+// are h_stride apart, dg_dh's and a's are contiguous), in `blocks` row blocks: block b
+// sets its column sums of dh into part1 + b * part1_stride (the chunk's columns of its
+// [blocks, H] partials) and (kBias2: the first chunk only) of dy into part2[b] ([blocks, N]).
 template <typename T, GeluKind kind, bool kBias1, bool kBias2>
-void dgelu_rows(const T* h, T* dg_dh, T* a, const T* dy, acc_type<T>* part1,
-                acc_type<T>* part2, int64_t M, int64_t H, int64_t N, int64_t blocks,
-                bool accumulate) {
+void dgelu_rows(const T* h, int64_t h_stride, T* dg_dh, T* a, const T* dy,
+                acc_type<T>* part1, int64_t part1_stride, acc_type<T>* part2, int64_t M,
+                int64_t cols, int64_t N, int64_t blocks) {
   using acc_t = acc_type<T>;
   const int64_t rows_per_block = (M + blocks - 1) / blocks;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      acc_t* p1 = kBias1 ? part1 + b * H : nullptr;
+      acc_t* p1 = kBias1 ? part1 + b * part1_stride : nullptr;
       acc_t* p2 = kBias2 ? part2 + b * N : nullptr;
-      if (!accumulate) {
-        if constexpr (kBias1) std::fill(p1, p1 + H, acc_t(0));
-        if constexpr (kBias2) std::fill(p2, p2 + N, acc_t(0));
-      }
+      if constexpr (kBias1) std::fill(p1, p1 + cols, acc_t(0));
+      if constexpr (kBias2) std::fill(p2, p2 + N, acc_t(0));
       const int64_t row_end = std::min(M, (b + 1) * rows_per_block);
       for (int64_t r = b * rows_per_block; r < row_end; ++r) {
-        dgelu_row<T, kind, kBias1>(h + r * H, dg_dh + r * H, a + r * H, p1, H);
+        dgelu_row<T, kind, kBias1>(h + r * h_stride, dg_dh + r * cols, a + r * cols, p1, cols);
         if constexpr (kBias2) add_row(dy + r * N, p2, N);
       }
     }
   });
 }
 
-// Rows per chunk of the [M, H] temporaries (the activation, the hidden gradient): about
-// 2^21 values, so that they stay a fraction of the saved pre-activation, but never fewer
-// than 512 rows, so that each chunk's GEMMs still run at full speed and the weight
-// gradients, read and written once per chunk, are not re-read too often; M is split into
-// equal chunks (no short last one), at least two when M allows 512-row chunks: the two
-// temporaries of a single chunk would be as large as eager's two saved activations. Depends
-// on the shape only: the chunked sums (weight gradients) are the same on any machine.
+// Rows per chunk of the forward's [M, H] activation: about 2^21 values, so that it stays
+// a fraction of the saved pre-activation, but never fewer than 512 rows, so that each
+// chunk's GEMMs still run at full speed; M is split into equal chunks (no short last one),
+// at least two when M allows 512-row chunks.
 int64_t chunk_rows(int64_t M, int64_t H) {
   constexpr int64_t kChunkValues = int64_t(1) << 21;
   const int64_t half = std::max<int64_t>(512, (M + 1) / 2);
@@ -272,6 +270,23 @@ int64_t chunk_rows(int64_t M, int64_t H) {
   if (target <= 0) return M;
   const int64_t chunks = (M + target - 1) / target;
   return (M + chunks - 1) / chunks;
+}
+
+// Hidden columns per chunk of the backward's [M, H] temporaries (the activation, the hidden
+// gradient): about 2^21 values, at least two chunks when H allows (the two temporaries of
+// a single chunk would be as large as eager's two saved activations), never fewer than 256
+// columns, equal chunks rounded up to 64 columns. By columns, not rows: each chunk's weight
+// gradients are then whole GEMMs over all M rows (measured at M = 2048, d = 1024, fp32:
+// row chunks, whose weight gradients accumulate over 512-row GEMMs, cost 5% more than no
+// chunks; column chunks cost nothing). Depends on the shape only.
+int64_t chunk_cols(int64_t M, int64_t H) {
+  constexpr int64_t kChunkValues = int64_t(1) << 21, kMinCols = 256, kAlign = 64;
+  int64_t cols = std::min(kChunkValues / std::max<int64_t>(M, 1), (H + 1) / 2);
+  cols = std::max(cols, kMinCols);
+  if (cols >= H) return H;
+  const int64_t chunks = (H + cols - 1) / cols;
+  cols = ((H + chunks - 1) / chunks + kAlign - 1) / kAlign * kAlign;
+  return std::min(cols, H);
 }
 
 // a = gelu(h) over rows of h (both [rows, H], contiguous).
@@ -324,11 +339,13 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
   return {out, hidden};
 }
 
-// Backward, one chunk of rows at a time (temporaries [chunk, H], never [M, H]):
-//   dg = dy W2;  a = gelu(h);  dW2 += dy^T a;  dh = dg * gelu'(h);  dW1 += dh^T x;
-//   dx = dh W1;  db1, db2 = column sums of dh, dy (per-block partials, summed in order).
-// float16/bfloat16 run as one chunk: their GEMMs round each product to the dtype, so a
-// weight gradient summed over chunks would be rounded once per chunk instead of once.
+// Backward, one chunk of hidden columns [c0, c0 + nc) at a time (temporaries [M, nc],
+// never [M, H]):
+//   dg = dy W2[:, c];  a = gelu(h[:, c]), dh = dg * gelu'(h[:, c]) (one pass);
+//   dW2[:, c] = dy^T a;  dW1[c, :] = dh^T x;  dx += dh W1[c, :];
+//   db1[c], db2 = column sums of dh, dy (per-block partials, summed in block order).
+// float16/bfloat16 run as one chunk: their GEMMs round each product to the dtype, so dx
+// summed over chunks would be rounded once per chunk instead of once.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& hidden_pre,
     const at::Tensor& weight1, const at::Tensor& weight2, bool has_bias1, bool has_bias2,
@@ -339,52 +356,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
   const auto options = input.options();
 
   const bool reduced = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
-  const int64_t rows = std::max<int64_t>(1, reduced ? M : chunk_rows(M, H));
-  const int64_t chunks = (M + rows - 1) / rows;
-  // Block b of every chunk adds to partial row b: the partials stay [blocks, H + N].
-  const int64_t blocks = M > 0 ? num_row_blocks(rows, H + N) : 0;
+  const int64_t cols = reduced ? H : chunk_cols(M, H);
+  const int64_t blocks = M > 0 ? num_row_blocks(M, H + N) : 0;
   const auto acc_options = options.dtype(stats_dtype(input.scalar_type()));
   at::Tensor part1 = at::empty({has_bias1 ? blocks : 0, H}, acc_options);
   at::Tensor part2 = at::empty({has_bias2 ? blocks : 0, N}, acc_options);
-  at::Tensor grad_hidden = at::empty({std::min(rows, M), H}, options);  // dg, then dh
-  at::Tensor act = at::empty({std::min(rows, M), H}, options);
+  // Flat, so that a narrower last chunk is still a contiguous [M, nc] view.
+  at::Tensor grad_hidden = at::empty({M * cols}, options);  // dg, then dh
+  at::Tensor act = at::empty({M * cols}, options);
   // The outputs after the scratch (see thread_scratch in cpu/partials.h for why).
   at::Tensor grad_input = at::empty({M, K}, options);
   at::Tensor grad_weight1 = at::empty({H, K}, options);
   at::Tensor grad_weight2 = at::empty({N, H}, options);
+  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
+  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
   if (M == 0) {  // empty sums
     grad_weight1.zero_();
     grad_weight2.zero_();
   }
-  at::Tensor grad_bias1 = at::empty({has_bias1 ? H : 0}, options);
-  at::Tensor grad_bias2 = at::empty({has_bias2 ? N : 0}, options);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_bwd", [&] {
     using acc_t = acc_type<scalar_t>;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = c * rows, n = std::min(rows, M - r0);
-      const at::Tensor dy_c = grad_out.narrow(0, r0, n), x_c = input.narrow(0, r0, n);
-      at::Tensor dh_c = grad_hidden.narrow(0, 0, n), act_c = act.narrow(0, 0, n);
-      at::Tensor dx_c = grad_input.narrow(0, r0, n);
-      at::mm_out(dh_c, dy_c, weight2);
-      dispatch_gelu_kind(kind, [&](auto kind_tag) {
-        dispatch_bools(has_bias1, has_bias2, [&](auto b1, auto b2) {
-          dgelu_rows<scalar_t, decltype(kind_tag)::value, decltype(b1)::value,
-                     decltype(b2)::value>(
-              hidden_pre.const_data_ptr<scalar_t>() + r0 * H, dh_c.mutable_data_ptr<scalar_t>(),
-              act_c.mutable_data_ptr<scalar_t>(), dy_c.const_data_ptr<scalar_t>(),
-              has_bias1 ? part1.mutable_data_ptr<acc_t>() : nullptr,
-              has_bias2 ? part2.mutable_data_ptr<acc_t>() : nullptr, n, H, N, blocks, c > 0);
+    // At least one chunk, so that H = 0 still gives dx = 0 and the column sums of dy.
+    for (int64_t c0 = 0; c0 == 0 || c0 < H; c0 += cols) {
+      const int64_t nc = std::min(cols, H - c0);
+      at::Tensor dh_c = grad_hidden.narrow(0, 0, M * nc).view({M, nc});
+      at::Tensor act_c = act.narrow(0, 0, M * nc).view({M, nc});
+      at::mm_out(dh_c, grad_out, weight2.narrow(1, c0, nc));
+      if (M > 0) {
+        const bool first = c0 == 0;
+        dispatch_gelu_kind(kind, [&](auto kind_tag) {
+          dispatch_bools(has_bias1, has_bias2 && first, [&](auto b1, auto b2) {
+            dgelu_rows<scalar_t, decltype(kind_tag)::value, decltype(b1)::value,
+                       decltype(b2)::value>(
+                hidden_pre.const_data_ptr<scalar_t>() + c0, H, dh_c.mutable_data_ptr<scalar_t>(),
+                act_c.mutable_data_ptr<scalar_t>(), grad_out.const_data_ptr<scalar_t>(),
+                has_bias1 ? part1.mutable_data_ptr<acc_t>() + c0 : nullptr, H,
+                has_bias2 ? part2.mutable_data_ptr<acc_t>() : nullptr, M, nc, N, blocks);
+          });
         });
-      });
-      if (c == 0) {
-        at::mm_out(grad_weight2, dy_c.t(), act_c);
-        at::mm_out(grad_weight1, dh_c.t(), x_c);
-      } else {
-        grad_weight2.addmm_(dy_c.t(), act_c);
-        grad_weight1.addmm_(dh_c.t(), x_c);
       }
-      at::mm_out(dx_c, dh_c, weight1);
+      at::Tensor dw2_c = grad_weight2.narrow(1, c0, nc);
+      at::mm_out(dw2_c, grad_out.t(), act_c);
+      at::Tensor dw1_c = grad_weight1.narrow(0, c0, nc);
+      at::mm_out(dw1_c, dh_c.t(), input);
+      if (c0 == 0) {
+        at::mm_out(grad_input, dh_c, weight1.narrow(0, c0, nc));  // H = 0: zeros
+      } else {
+        grad_input.addmm_(dh_c, weight1.narrow(0, c0, nc));
+      }
     }
     if (has_bias1) {
       sum_partials(part1.const_data_ptr<acc_t>(), blocks, H, grad_bias1.mutable_data_ptr<scalar_t>());
