@@ -553,6 +553,13 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
                    acc_t* dweight_part, acc_t* dbias_part, OutputPath path) {
   const int64_t N = a.N;
   TileStats<acc_t> s;
+  if (a.dsum != nullptr) {
+    // dsum is read only by the second sweep: ask for its rows now, so that they arrive
+    // while row_grad_means streams dy and x (else that sweep waits on memory for them).
+    const char* first = reinterpret_cast<const char*>(a.dsum + row * N);
+    const char* last = reinterpret_cast<const char*>(a.dsum + (row + rows) * N);
+    for (const char* p = first; p < last; p += kCacheLine) __builtin_prefetch(p, 0, 2);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     s.mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
     s.rstd[r] = a.rstd[row + r];
