@@ -128,7 +128,7 @@ PyObject* run(const Call& call, const Wrap& wrap) {
   PyThreadState* saved = PyEval_SaveThread();
   try {
     result = call();
-  } catch (const std::exception&) {
+  } catch (...) {  // c10::Error, python_error, anything: torch.ops raises it properly
     PyEval_RestoreThread(saved);
     return not_implemented();
   }
