@@ -1,7 +1,8 @@
 // fusednorm._fast: direct Python entries into the public ops, for the eager calls of
 // fusednorm.functional. A call through torch.ops.fusednorm.<op> converts its arguments by
-// the op's schema into a boxed stack (about 1.5 us on a 2 GHz core, more than the whole rest
-// of a small LayerNorm call), where PyTorch's own functions go through generated bindings.
+// the op's schema into a boxed stack (about 1.5-2 us on the benchmark machine, more than
+// the rest of a small LayerNorm call), where PyTorch's own functions go through generated
+// bindings.
 // These entries read their arguments straight off the Python objects and call the op's
 // typed dispatcher handle, so autograd, autocast, profiling, functorch and
 // __torch_dispatch__ all apply exactly as through torch.ops.
