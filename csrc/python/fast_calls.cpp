@@ -311,7 +311,8 @@ PyMethodDef methods[] = {
     FAST_ENTRY(layer_norm, "layer_norm(input, normalized_shape, weight, bias, eps) -> out"),
     FAST_ENTRY(rms_norm, "rms_norm(input, normalized_shape, weight, eps) -> out"),
     FAST_ENTRY(add_layer_norm,
-               "add_layer_norm(input, residual, normalized_shape, weight, bias, eps) -> (out, sum)"),
+               "add_layer_norm(input, residual, normalized_shape, weight, bias, eps)"
+               " -> (out, sum)"),
     FAST_ENTRY(add_rms_norm,
                "add_rms_norm(input, residual, normalized_shape, weight, eps) -> (out, sum)"),
     FAST_ENTRY(gelu_ffn, "gelu_ffn(input, weight1, bias1, weight2, bias2, approximate) -> out"),
