@@ -134,6 +134,25 @@ def test_ffn_empty_batch(device, batch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ffn_zero_hidden_units(device, dtype):
+    """hidden = 0: y = bias2, dx = 0, db2 = the column sums of dy (the CPU backward's chunk
+    loop must still run once, and end)."""
+    x = random_input((5, 8), dtype, device, seed=1).requires_grad_()
+    w1 = torch.empty(0, 8, dtype=dtype, device=device, requires_grad=True)
+    w2 = torch.empty(8, 0, dtype=dtype, device=device, requires_grad=True)
+    b1 = torch.empty(0, dtype=dtype, device=device, requires_grad=True)
+    b2 = random_input((8,), dtype, device, seed=2).requires_grad_()
+    y = fusednorm.gelu_ffn(x, w1, b1, w2, b2)
+    assert torch.equal(y, b2.detach().expand(5, 8))
+    dy = random_input((5, 8), dtype, device, seed=3)
+    y.backward(dy)
+    assert torch.count_nonzero(x.grad) == 0 and w1.grad.shape == w1.shape
+    assert w2.grad.shape == w2.shape and b1.grad.shape == b1.shape
+    torch.testing.assert_close(b2.grad, dy.float().sum(0).to(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", APPROXIMATE)
 def test_gelu_and_its_derivative_over_a_wide_range(device, dtype, approximate):

@@ -377,8 +377,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "gelu_ffn_bwd", [&] {
     using acc_t = acc_type<scalar_t>;
-    // At least one chunk, so that H = 0 still gives dx = 0 and the column sums of dy.
-    for (int64_t c0 = 0; c0 == 0 || c0 < H; c0 += cols) {
+    // At least one chunk, so that H = 0 still gives dx = 0 and the column sums of dy
+    // (cols is 0 then: the step is at least 1).
+    for (int64_t c0 = 0; c0 == 0 || c0 < H; c0 += std::max<int64_t>(cols, 1)) {
       const int64_t nc = std::min(cols, H - c0);
       at::Tensor dh_c = grad_hidden.narrow(0, 0, M * nc).view({M, nc});
       at::Tensor act_c = act.narrow(0, 0, M * nc).view({M, nc});
