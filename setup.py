@@ -236,6 +236,7 @@ def make_fast_calls_extension():
     debug = os.environ.get("FUSEDNORM_DEBUG", "0") == "1"
     return CppExtension(
         "fusednorm._fast", ["csrc/python/fast_calls.cpp"],
+        include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": (["-O0", "-g"] if debug else ["-O2"]) + ["-fvisibility=hidden"]},
     )
 

@@ -20,24 +20,17 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "common/op_support.h"
+
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
-
-// The typed handle of fusednorm::<name>: each entry keeps its own in a function-local
-// static inside its run() call, looked up on the first call (an error, so NotImplemented,
-// should fusednorm._C not have registered the op).
-template <class Signature>
-c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 // Whether a torch.Tensor argument takes the fast path: a plain Tensor or Parameter (whose
 // __torch_function__ is the default) with no TorchFunctionMode active, which is all that
@@ -122,7 +115,9 @@ PyObject* not_implemented() {
 }
 
 // Runs call() (which calls the op) without the GIL, as PyTorch's bindings do, and wraps
-// what wrap() makes of its result; NotImplemented on any C++ error.
+// what wrap() makes of its result; NotImplemented on any C++ error. Each entry's call()
+// keeps the op's typed handle in a function-local static, looked up on the first call (an
+// error, so NotImplemented, should fusednorm._C not have registered the op).
 template <class Call, class Wrap>
 PyObject* run(const Call& call, const Wrap& wrap) {
   decltype(call()) result;
@@ -185,7 +180,7 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                       const OptTensor&, double);
   return run(
       [&] {
-        static const auto op = op_handle<Sig>("fusednorm::layer_norm");
+        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::layer_norm");
         return op.call(input, c10::fromIntArrayRefSlow(shape), weight, bias, eps);
       },
       [](auto&& r) { return wrap_first(std::move(r)); });
@@ -206,7 +201,7 @@ PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                       std::optional<double>);
   return run(
       [&] {
-        static const auto op = op_handle<Sig>("fusednorm::rms_norm");
+        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::rms_norm");
         return op.call(input, c10::fromIntArrayRefSlow(shape), weight, eps);
       },
       [](auto&& r) { return wrap_first(std::move(r)); });
@@ -228,7 +223,7 @@ PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                       const OptTensor&, const OptTensor&, double);
   return run(
       [&] {
-        static const auto op = op_handle<Sig>("fusednorm::add_layer_norm");
+        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::add_layer_norm");
         return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, bias, eps);
       },
       [](auto&& r) { return wrap_out_and_sum(std::move(r)); });
@@ -250,7 +245,7 @@ PyObject* add_rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                       const OptTensor&, std::optional<double>);
   return run(
       [&] {
-        static const auto op = op_handle<Sig>("fusednorm::add_rms_norm");
+        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::add_rms_norm");
         return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, eps);
       },
       [](auto&& r) { return wrap_out_and_sum(std::move(r)); });
@@ -271,7 +266,7 @@ PyObject* gelu_ffn(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                       const OptTensor&, c10::string_view);
   return run(
       [&] {
-        static const auto op = op_handle<Sig>("fusednorm::gelu_ffn");
+        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::gelu_ffn");
         return op.call(input, weight1, bias1, weight2, bias2, approximate);
       },
       [](auto&& r) { return wrap_first(std::move(r)); });
@@ -297,7 +292,7 @@ PyObject* layer_norm_gelu_ffn(PyObject*, PyObject* const* args, Py_ssize_t nargs
                       c10::string_view);
   return run(
       [&] {
-        static const auto op = op_handle<Sig>("fusednorm::layer_norm_gelu_ffn");
+        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::layer_norm_gelu_ffn");
         return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
                        approximate);
       },
