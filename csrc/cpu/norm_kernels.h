@@ -219,20 +219,31 @@ C10_ALWAYS_INLINE void normalize_block(const T* x, const acc_t* weight, const ac
   }
 }
 
+// Asks for the cache lines of one block of kWidth elements of T into L2.
+template <typename T, typename acc_t>
+C10_ALWAYS_INLINE void prefetch_block(const T* p) {
+  constexpr int64_t kBytes = VecIO<T, acc_t>::kWidth * int64_t(sizeof(T));
+  const char* line = reinterpret_cast<const char*>(p);
+  for (int64_t offset = 0; offset < kBytes; offset += kCacheLine) {
+    __builtin_prefetch(line + offset, 0, 2);
+  }
+}
+
 // The vectorized part of normalize_row, one variant per store flavor, the partial last
 // block included. A function of its own with everything passed by value: a lambda
 // capturing by reference had the compiler reload the row constants after every store
-// (they might alias y).
+// (they might alias y). next_row (may be null): a row of the same length to prefetch.
 template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream>
 void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
                           acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
-                          const acc_t* __restrict__ bias) {
+                          const acc_t* __restrict__ bias, const T* next_row) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
   const int64_t vec_end = N - N % W;
   const Vec vshift(shift), vmean(mean), vrstd(rstd);
   for (int64_t i = 0; i < vec_end; i += W) {
+    if (next_row != nullptr) prefetch_block<T, acc_t>(next_row + i);
     Vec lo, hi;
     normalize_block<T, acc_t, kWeight, kBias, false>(x, weight, bias, i, W, vshift, vmean,
                                                      vrstd, lo, hi);
@@ -253,18 +264,20 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
 // y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
 // shift = mean = 0 for RMSNorm): one rounding to T at the store. no_nan: the row's outputs
 // are known not to be NaN (row_output_has_no_nan), so bfloat16 rounds without a NaN mask.
+// next_row (may be null) is prefetched into L2 along the way.
 template <typename T, typename acc_t, bool kWeight, bool kBias>
 void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
-                   const acc_t* weight, const acc_t* bias, bool stream, bool no_nan) {
+                   const acc_t* weight, const acc_t* bias, bool stream, bool no_nan,
+                   const T* next_row = nullptr) {
   // Only bfloat16 rounds differently without NaN lanes; other types keep one variant.
   constexpr bool kNoNaNMatters = std::is_same_v<T, c10::BFloat16>;
   dispatch_bool(stream, [&](auto kStream) {
     if (kNoNaNMatters && no_nan) {
       normalize_vectorized<T, acc_t, kWeight, kBias, true, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias);
+          x, y, N, shift, mean, rstd, weight, bias, next_row);
     } else {
       normalize_vectorized<T, acc_t, kWeight, kBias, false, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias);
+          x, y, N, shift, mean, rstd, weight, bias, next_row);
     }
   });
 }
@@ -312,6 +325,12 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = a.x + row * N;
+      // float16/bfloat16 rows: the statistics sweep (the row's first read) waits on memory,
+      // then the normalize sweep computes from cache with no memory reads in flight, so
+      // the normalize sweep asks for the next row (1 thread, 16384 x 4096 bfloat16: 0.32
+      // -> 0.24 ns per element). float32/float64 rows already keep memory busy, and lost
+      // up to 15% to the extra requests.
+      const T* next_x = sizeof(T) == 2 && a.residual == nullptr && row + 1 < end ? xr + N : nullptr;
       if (a.residual != nullptr) {  // normalize the sum, read back from cache
         T* sr = a.sum + row * N;
         add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
@@ -329,13 +348,13 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
         // precision of the shifted statistics.
         normalize_row<T, acc_t, kWeight, kBias>(
             xr, yr, N, shift, stats.mean, rstd, a.weight, a.bias, stream_row,
-            row_output_has_no_nan(a.params_finite, a.mean[row], rstd));
+            row_output_has_no_nan(a.params_finite, a.mean[row], rstd), next_x);
       } else {
         const acc_t rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(xr, N) + a.eps);
         a.rstd[row] = rstd;
         normalize_row<T, acc_t, kWeight, false>(
             xr, yr, N, acc_t(0), acc_t(0), rstd, a.weight, nullptr, stream_row,
-            row_output_has_no_nan(a.params_finite, acc_t(0), rstd));
+            row_output_has_no_nan(a.params_finite, acc_t(0), rstd), next_x);
       }
       if (path == OutputPath::kStaged) stream_copy(a.y + row * N, stage, N * int64_t(sizeof(T)));
     }
@@ -490,6 +509,16 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
   // from TileStats: three operations instead of four. g * rstd is rounded before the add
   // (no fma), so that it cancels exactly against rstd * mean(g) where g is the mean (dx of
   // a one-element row is 0, as in PyTorch).
+  // The next tile's dy and x, asked for while this sweep computes from cache: its
+  // row_grad_means would otherwise wait on memory with nothing else in flight (1 thread,
+  // 16384 x 4096: float32 0.84 -> 0.60 ns per element, bfloat16 0.54 -> 0.45).
+  if (!kPartial && row + rows < a.M) {
+    const int64_t next_rows = std::min(rows, a.M - row - rows);
+    for (int64_t r = rows; r < rows + next_rows; ++r) {
+      prefetch_block<T, acc_t>(dy + r * N);
+      prefetch_block<T, acc_t>(x + r * N);
+    }
+  }
   Vec out_lo[kRowTile], out_hi[kRowTile];
   for (int64_t r = 0; r < rows; ++r) {
     const Vec vmean(s.mean[r]), vrstd(s.rstd[r]), voffset(s.dx_offset[r]),
