@@ -232,18 +232,19 @@ C10_ALWAYS_INLINE void prefetch_block(const T* p) {
 // The vectorized part of normalize_row, one variant per store flavor, the partial last
 // block included. A function of its own with everything passed by value: a lambda
 // capturing by reference had the compiler reload the row constants after every store
-// (they might alias y). next_row (may be null): a row of the same length to prefetch.
+// (they might alias y). next_a, next_b (may be null): rows of the same length to prefetch.
 template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream>
 void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
                           acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
-                          const acc_t* __restrict__ bias, const T* next_row) {
+                          const acc_t* __restrict__ bias, const T* next_a, const T* next_b) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
   const int64_t vec_end = N - N % W;
   const Vec vshift(shift), vmean(mean), vrstd(rstd);
   for (int64_t i = 0; i < vec_end; i += W) {
-    if (next_row != nullptr) prefetch_block<T, acc_t>(next_row + i);
+    if (next_a != nullptr) prefetch_block<T, acc_t>(next_a + i);
+    if (next_b != nullptr) prefetch_block<T, acc_t>(next_b + i);
     Vec lo, hi;
     normalize_block<T, acc_t, kWeight, kBias, false>(x, weight, bias, i, W, vshift, vmean,
                                                      vrstd, lo, hi);
@@ -264,20 +265,20 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
 // y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
 // shift = mean = 0 for RMSNorm): one rounding to T at the store. no_nan: the row's outputs
 // are known not to be NaN (row_output_has_no_nan), so bfloat16 rounds without a NaN mask.
-// next_row (may be null) is prefetched into L2 along the way.
+// next_a and next_b (either may be null) are prefetched into L2 along the way.
 template <typename T, typename acc_t, bool kWeight, bool kBias>
 void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
                    const acc_t* weight, const acc_t* bias, bool stream, bool no_nan,
-                   const T* next_row = nullptr) {
+                   const T* next_a = nullptr, const T* next_b = nullptr) {
   // Only bfloat16 rounds differently without NaN lanes; other types keep one variant.
   constexpr bool kNoNaNMatters = std::is_same_v<T, c10::BFloat16>;
   dispatch_bool(stream, [&](auto kStream) {
     if (kNoNaNMatters && no_nan) {
       normalize_vectorized<T, acc_t, kWeight, kBias, true, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias, next_row);
+          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b);
     } else {
       normalize_vectorized<T, acc_t, kWeight, kBias, false, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias, next_row);
+          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b);
     }
   });
 }
@@ -325,12 +326,14 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = a.x + row * N;
-      // float16/bfloat16 rows: the statistics sweep (the row's first read) waits on memory,
-      // then the normalize sweep computes from cache with no memory reads in flight, so
-      // the normalize sweep asks for the next row (1 thread, 16384 x 4096 bfloat16: 0.32
-      // -> 0.24 ns per element). float32/float64 rows already keep memory busy, and lost
-      // up to 15% to the extra requests.
-      const T* next_x = sizeof(T) == 2 && a.residual == nullptr && row + 1 < end ? xr + N : nullptr;
+      // float16/bfloat16 rows: the first sweep over a row (statistics, or the residual's
+      // add) waits on memory, then the normalize sweep computes from cache with no memory
+      // reads in flight, so the normalize sweep asks for the next row's inputs (1 thread,
+      // 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element). float32/float64 rows already
+      // keep memory busy, and lost up to 15% to the extra requests.
+      const bool prefetch = sizeof(T) == 2 && row + 1 < end;
+      const T* next_x = prefetch ? xr + N : nullptr;
+      const T* next_residual = prefetch && a.residual != nullptr ? a.residual + (row + 1) * N : nullptr;
       if (a.residual != nullptr) {  // normalize the sum, read back from cache
         T* sr = a.sum + row * N;
         add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
@@ -348,13 +351,13 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
         // precision of the shifted statistics.
         normalize_row<T, acc_t, kWeight, kBias>(
             xr, yr, N, shift, stats.mean, rstd, a.weight, a.bias, stream_row,
-            row_output_has_no_nan(a.params_finite, a.mean[row], rstd), next_x);
+            row_output_has_no_nan(a.params_finite, a.mean[row], rstd), next_x, next_residual);
       } else {
         const acc_t rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(xr, N) + a.eps);
         a.rstd[row] = rstd;
         normalize_row<T, acc_t, kWeight, false>(
             xr, yr, N, acc_t(0), acc_t(0), rstd, a.weight, nullptr, stream_row,
-            row_output_has_no_nan(a.params_finite, acc_t(0), rstd), next_x);
+            row_output_has_no_nan(a.params_finite, acc_t(0), rstd), next_x, next_residual);
       }
       if (path == OutputPath::kStaged) stream_copy(a.y + row * N, stage, N * int64_t(sizeof(T)));
     }
