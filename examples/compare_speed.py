@@ -4,9 +4,13 @@ slows down during the measurement affects both sides alike.
 
     python examples/compare_speed.py OUT_DIR [--rounds 3] [--steps 30] [train_gpt.py options]
 
-Each run is a fresh `examples/train_gpt.py` process (same seed, same data). Writes
-OUT_DIR/speed.json (every run's tokens/s, the medians, their ratio, device and versions)
-and OUT_DIR/speed.md (the same as a table), and prints the table.
+Each run is a fresh `examples/train_gpt.py` process (same seed, same data). Two rates per
+run: tokens/s over the run's elapsed time, and the rate of its median step (a step that a
+busy machine slowed down moves the median less). The ratio stated first is the median over
+rounds of fused / torch median-step rates, each round's two runs adjacent in time (a
+machine that drifts between rounds cancels out of it); the ratio of the medians of the
+elapsed-time rates is given too. Writes OUT_DIR/speed.json (every run's rates, the medians,
+the ratios, device and versions) and OUT_DIR/speed.md (the same as a table), and prints it.
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ def run_once(norm: str, steps: int, extra: list[str], scratch: Path) -> dict:
 def summarize(runs: list[dict]) -> dict:
     by_norm = {n: [r["tokens_per_s"] for r in runs if r["norm"] == n] for n in NORMS}
     medians = {n: statistics.median(v) for n, v in by_norm.items()}
+    step_rates = {n: [r["median_step_tokens_per_s"] for r in runs if r["norm"] == n]
+                  for n in NORMS}
+    round_ratios = [f / t for t, f in zip(step_rates["torch"], step_rates["fused"])]
     first = runs[0]
     return {
         "device": first["device"], "device_kind": first["device_kind"],
@@ -41,6 +48,10 @@ def summarize(runs: list[dict]) -> dict:
         "tokens_per_s": by_norm,
         "median_tokens_per_s": medians,
         "fused_over_torch": medians["fused"] / medians["torch"],
+        "median_step_tokens_per_s": step_rates,
+        "round_ratios": round_ratios,
+        "fused_over_torch_by_round": statistics.median(round_ratios),
+        "rounds_fused_ahead": sum(r > 1 for r in round_ratios),
         "final_loss": {n: next(r["losses"][-1] for r in runs if r["norm"] == n) for n in NORMS},
     }
 
@@ -56,14 +67,27 @@ def markdown(summary: dict) -> str:
         f"{cfg['amp']}, {cfg['steps']} steps per run (the first tenth untimed). Runs "
         f"alternate: {', '.join(summary['order'])}.",
         "",
-        "| norm | tokens/s per run | median tokens/s | final loss |",
-        "|---|---|--:|--:|",
+        "| norm | tokens/s per run (elapsed) | median | median-step tokens/s per run | "
+        "median | final loss |",
+        "|---|---|--:|---|--:|--:|",
     ]
     for n in NORMS:
         per_run = ", ".join(f"{v:.0f}" for v in summary["tokens_per_s"][n])
+        per_step = ", ".join(f"{v:.0f}" for v in summary["median_step_tokens_per_s"][n])
         lines.append(f"| {n} | {per_run} | {summary['median_tokens_per_s'][n]:.0f} | "
+                     f"{per_step} | "
+                     f"{statistics.median(summary['median_step_tokens_per_s'][n]):.0f} | "
                      f"{summary['final_loss'][n]:.4f} |")
-    lines += ["", f"fused / torch (medians): **{summary['fused_over_torch']:.3f}x**"]
+    ratios = ", ".join(f"{r:.3f}" for r in summary["round_ratios"])
+    lines += [
+        "",
+        f"fused / torch, median over rounds of the median-step rates: "
+        f"**{summary['fused_over_torch_by_round']:.3f}x** (fused ahead in "
+        f"{summary['rounds_fused_ahead']} of {len(summary['round_ratios'])} rounds; "
+        f"per round: {ratios})",
+        "",
+        f"fused / torch, medians of the elapsed-time rates: {summary['fused_over_torch']:.3f}x",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -148,11 +149,13 @@ def train(args: argparse.Namespace) -> dict:
     # Steps before this one (compilation, allocator warm-up) are left out of tokens/s.
     first_timed = min(args.steps - 1, max(1, args.steps // 10))
     losses: list[float] = []
+    step_seconds: list[float] = []  # wall time of each timed step
     progress = tqdm(range(args.steps), desc=f"{args.norm} {args.device}",
                     disable=args.no_progress, dynamic_ncols=True)
     for step in progress:
+        step_start = time.perf_counter()
         if step == first_timed:
-            start = time.perf_counter()
+            start = step_start
         x, y = corpus.batch("train", args.batch_size, config.block_size, generator)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         for group in optimizer.param_groups:
@@ -164,6 +167,8 @@ def train(args: argparse.Namespace) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())  # waits for the step to finish
+        if step >= first_timed:
+            step_seconds.append(time.perf_counter() - step_start)
         progress.set_postfix(loss=f"{losses[-1]:.4f}")
     elapsed = time.perf_counter() - start
     timed_steps = args.steps - first_timed
@@ -176,6 +181,10 @@ def train(args: argparse.Namespace) -> dict:
         "losses": losses,
         "val_loss": evaluate(model, corpus, config, args.batch_size, device, autocast, args.seed),
         "tokens_per_s": timed_steps * args.batch_size * config.block_size / elapsed,
+        # The median step's rate: a step that a busy machine slowed down moves it less.
+        "median_step_tokens_per_s":
+            args.batch_size * config.block_size / statistics.median(step_seconds),
+        "step_ms": [1e3 * s for s in step_seconds],
         "timed_steps": timed_steps,
         "peak_mem_mb": peak_mb,
         "peak_mem_kind": peak_kind,
@@ -198,7 +207,8 @@ def train(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """Trains, then writes OUT/metrics.json ({"norm", "losses": per-step floats,
-    "tokens_per_s", "peak_mem_mb", "config", "device", "torch", ...}) and
+    "tokens_per_s" (timed steps over their elapsed time), "median_step_tokens_per_s",
+    "step_ms" (each timed step), "peak_mem_mb", "config", "device", "torch", ...}) and
     OUT/loss_curve.png; returns the metrics."""
     args = parse_args(argv)
     metrics = train(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,8 +61,13 @@ def assert_metrics_contract(metrics: dict, norm: str, steps: int) -> None:
     losses = metrics["losses"]
     assert isinstance(losses, list) and len(losses) == steps
     assert all(isinstance(x, float) and math.isfinite(x) for x in losses)
-    for key in ("tokens_per_s", "peak_mem_mb"):
+    for key in ("tokens_per_s", "median_step_tokens_per_s", "peak_mem_mb"):
         assert isinstance(metrics[key], float) and metrics[key] > 0, key
+    step_ms = metrics["step_ms"]
+    assert len(step_ms) == metrics["timed_steps"] and all(t > 0 for t in step_ms)
+    tokens = metrics["config"]["batch_size"] * metrics["config"]["block_size"]
+    assert metrics["median_step_tokens_per_s"] == pytest.approx(
+        1e3 * tokens / statistics.median(step_ms))
     assert metrics["config"]["steps"] == steps and metrics["config"]["seed"] == 0
     assert metrics["device_kind"] == "cpu" and metrics["device"]
     assert metrics["torch"] == torch.__version__
@@ -116,4 +122,9 @@ def test_compare_speed_alternates_runs(tmp_path):
         assert summary["median_tokens_per_s"][norm] == pytest.approx(sum(values) / 2)
     medians = summary["median_tokens_per_s"]
     assert summary["fused_over_torch"] == pytest.approx(medians["fused"] / medians["torch"])
+    steps = summary["median_step_tokens_per_s"]
+    ratios = [f / t for t, f in zip(steps["torch"], steps["fused"])]
+    assert summary["round_ratios"] == pytest.approx(ratios)
+    assert summary["fused_over_torch_by_round"] == pytest.approx(sum(ratios) / 2)
+    assert summary["rounds_fused_ahead"] == sum(r > 1 for r in ratios)
     assert (tmp_path / "speed.md").read_text().startswith("# Example GPT training speed on ")
