@@ -77,6 +77,8 @@ class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
       return g;
     }
 
+    // Grad mode is off: straight to the backend kernel (see NormBackward::apply).
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [grad_input, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
         as_rows(grad_out, 1), as_rows(input, 1), hidden, weight1.contiguous(),
         weight2.contiguous(), bias1.defined(), bias2.defined(), approximate);

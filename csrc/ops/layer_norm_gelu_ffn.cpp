@@ -101,6 +101,8 @@ class BlockFunction : public torch::autograd::Function<BlockFunction> {
       return {g[0], g[1], g[2], at::Tensor(), g[3], g[4], g[5], g[6], at::Tensor()};
     }
 
+    // Grad mode is off: straight to the backend kernels (see NormBackward::apply).
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     const at::Tensor x = as_rows(input, 1);
     const at::Tensor grad_rows = as_rows(grad_out, 1);
     const auto ln_w = contiguous_or_none(ln_weight), ln_b = contiguous_or_none(ln_bias);

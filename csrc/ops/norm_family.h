@@ -134,6 +134,10 @@ struct NormBackward : public torch::autograd::Node {
     const at::Tensor dy =
         grad_out.defined() ? as_rows(grad_out, dims_) : at::zeros_like(x);  // sum used alone
     at::Tensor grad_input, grad_weight, grad_bias;
+    // Grad mode is off here: straight to the backend kernel. Through the Autograd key the
+    // backend op (which has no autograd kernel) would take the boxed not-implemented
+    // fallback, about a microsecond per call.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (kind_.centered && !kind_.residual) {
       std::tie(grad_input, grad_weight, grad_bias) =
           row_ops::layer_norm_bwd().call(dy, x, mean, rstd, flat(weight), flat(bias));
