@@ -330,6 +330,11 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
   // rounded to the input's dtype: adding it to a rounded float16/bfloat16 product instead
   // loses accuracy wherever the two nearly cancel.
   linear_out(hidden, input, weight1, bias1);
+  if (rows >= M) {  // one chunk: no views to make (a small call's host time)
+    gelu_into(hidden, act, kind);
+    linear_out(out, act, weight2, bias2);
+    return {out, hidden};
+  }
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
     at::Tensor act_c = act.narrow(0, 0, n), out_c = out.narrow(0, r0, n);
