@@ -504,14 +504,6 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
     load_block<kPartial>(dweight_part + i, count, pw_lo, pw_hi);
     if constexpr (kCentered) load_block<kPartial>(dbias_part + i, count, pb_lo, pb_hi);
   }
-  // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
-  // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
-  // address modulo 4096, and a load behind such a store waits for it (4K aliasing: 3.5x
-  // slower at 1024 x 4096 bfloat16 than at 1024 x 4104).
-  // dx = (g * rstd + (-rstd * mean(g))) - xhat * (rstd * mean(g * xhat)), per-row constants
-  // from TileStats: three operations instead of four. g * rstd is rounded before the add
-  // (no fma), so that it cancels exactly against rstd * mean(g) where g is the mean (dx of
-  // a one-element row is 0, as in PyTorch).
   // The next tile's dy and x, asked for while this sweep computes from cache: its
   // row_grad_means would otherwise wait on memory with nothing else in flight (1 thread,
   // 16384 x 4096: float32 0.84 -> 0.60 ns per element, bfloat16 0.54 -> 0.45).
@@ -522,6 +514,14 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
       prefetch_block<T, acc_t>(x + r * N);
     }
   }
+  // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
+  // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
+  // address modulo 4096, and a load behind such a store waits for it (4K aliasing: 3.5x
+  // slower at 1024 x 4096 bfloat16 than at 1024 x 4104).
+  // dx = (g * rstd + (-rstd * mean(g))) - xhat * (rstd * mean(g * xhat)), per-row constants
+  // from TileStats: three operations instead of four. g * rstd is rounded before the add
+  // (no fma), so that it cancels exactly against rstd * mean(g) where g is the mean (dx of
+  // a one-element row is 0, as in PyTorch).
   Vec out_lo[kRowTile], out_hi[kRowTile];
   for (int64_t r = 0; r < rows; ++r) {
     const Vec vmean(s.mean[r]), vrstd(s.rstd[r]), voffset(s.dx_offset[r]),

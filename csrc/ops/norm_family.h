@@ -136,7 +136,7 @@ struct NormBackward : public torch::autograd::Node {
     at::Tensor grad_input, grad_weight, grad_bias;
     // Grad mode is off here: straight to the backend kernel. Through the Autograd key the
     // backend op (which has no autograd kernel) would take the boxed not-implemented
-    // fallback, about a microsecond per call.
+    // fallback: about 3 us of a 4x64 LayerNorm forward+backward.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (kind_.centered && !kind_.residual) {
       std::tie(grad_input, grad_weight, grad_bias) =
