@@ -205,6 +205,47 @@ def test_nonfinite_gradients_give_nan_where_pytorch_does(device, dtype, where):
                                        rtol=0.05, atol=0.05 * want[finite].abs().max().item())
 
 
+BF16_SMALLEST_NORMAL = 2.0 ** -126
+BF16_DENORMAL_STEP = 2.0 ** -133  # spacing of bfloat16's denormals
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_denormal_outputs_are_kept_not_flushed(device):
+    """Outputs and input gradients below bfloat16's smallest normal value come out as the
+    denormals of PyTorch's conversion: AVX512_BF16's one-instruction rounding (the CPU store
+    where the CPU has it) flushes denormals to zero, so blocks holding any must not use it."""
+    x = random_input((6, 300), torch.bfloat16, device).requires_grad_()
+    weight = torch.full((300,), 3e-39, device=device)  # |y| = |xhat| * 3e-39: denormal
+    out = fusednorm.layer_norm(x, (300,), weight)
+    leaf = x.detach().float().requires_grad_()
+    expected = F.layer_norm(leaf, (300,), weight)
+    assert (expected.abs() < BF16_SMALLEST_NORMAL).all() and (expected != 0).float().mean() > 0.9
+    torch.testing.assert_close(out.float(), expected.to(torch.bfloat16).float(), rtol=0,
+                               atol=BF16_DENORMAL_STEP)
+    # dx = rstd * (dy - mean(dy) - xhat * mean(dy xhat)) for a dy of denormals: denormal too.
+    dy = (random_input((6, 300), torch.float32, device, seed=3) * 1e-39).to(torch.bfloat16)
+    (dx,) = torch.autograd.grad(fusednorm.layer_norm(x, (300,)), x, dy)
+    (want,) = torch.autograd.grad(F.layer_norm(leaf, (300,)), leaf, dy.float())
+    assert (want.abs() < BF16_SMALLEST_NORMAL).all() and (want != 0).float().mean() > 0.9
+    torch.testing.assert_close(dx.float(), want.to(torch.bfloat16).float(), rtol=0,
+                               atol=2 * BF16_DENORMAL_STEP)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_nan_outputs_are_the_quiet_nan_of_pytorch(device):
+    """NaN outputs (a row with a NaN input, a column with a NaN weight) are bfloat16's quiet
+    NaN 0x7fc0, as PyTorch's conversion writes them: AVX512_BF16's instruction would keep the
+    sign of the -NaN that x86 arithmetic propagates (0xffc0)."""
+    x = random_input((4, 300), torch.bfloat16, device)
+    x[1, 7] = -float("nan")
+    weight = torch.randn(300, device=device)
+    weight[9] = -float("nan")
+    out = fusednorm.layer_norm(x, (300,), weight, torch.randn(300, device=device)).view(torch.int16)
+    quiet_nan = torch.tensor(0x7FC0, dtype=torch.int16, device=device)
+    assert (out[1] == quiet_nan).all() and (out[:, 9] == quiet_nan).all()
+    assert torch.isfinite(out.view(torch.bfloat16)[[0, 2, 3]][:, [c for c in range(300) if c != 9]]).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bfloat16_outputs_round_to_infinity_past_the_largest_value(device):
     """Finite parameters so large that y overflows: infinities, not NaN; below the overflow,
