@@ -184,6 +184,16 @@ struct VecIO {
   static_assert(kWidth == 2 * Vec::size(), "one Vectorized<T> widens to two float vectors");
 
   static inline void load(const T* p, Vec& lo, Vec& hi) {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::Half>) {
+      // Each half of the block widened straight from memory: no 512-bit load and extract
+      // in between (1 thread in cache, 4096 wide: float16 backward 0.31 -> 0.27 ns per
+      // element, forward 0.19 -> 0.18).
+      lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + Vec::size())));
+      return;
+    }
+#endif
     widen(at::vec::Vectorized<T>::loadu(p), lo, hi);
   }
   static inline void widen(const at::vec::Vectorized<T>& v, Vec& lo, Vec& hi) {
