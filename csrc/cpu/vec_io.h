@@ -131,7 +131,8 @@ inline const bool cpu_has_avx512_bf16 = detect_avx512_bf16();
 
 // Whether every lane of lo and hi is zero, normal or infinite (no denormal, no NaN): the
 // lanes that AVX512_BF16's vcvtne2ps2bf16 rounds as c10::BFloat16 does. It flushes denormals
-// to zero and keeps a NaN's sign and payload, where PyTorch keeps denormals and writes 0x7fc0.
+// to zero and keeps a NaN's sign and payload, where c10::BFloat16 keeps denormals and writes
+// 0x7fc0 (ATen's vectorized conversion, which the AVX2 build uses, writes 0xffff).
 inline bool lanes_zero_normal_or_infinite(const __m512& lo, const __m512& hi) {
   constexpr int kNaNOrDenormal = 0x01 | 0x20 | 0x80;  // quiet NaN, denormal, signaling NaN
   return (_mm512_fpclass_ps_mask(lo, kNaNOrDenormal) | _mm512_fpclass_ps_mask(hi, kNaNOrDenormal)) == 0;
