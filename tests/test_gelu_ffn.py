@@ -555,6 +555,73 @@ def test_bad_module_arguments_raise():
         block(torch.randn(3, 7))
 
 
+# --- CPU GEMM backends (csrc/cpu/gemm.h) -----------------------------------------------------
+
+HAS_ONEDNN = torch.backends.mkldnn.is_available()
+GEMM_BACKENDS = ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
+    not HAS_ONEDNN, reason="this torch has no oneDNN"))]
+
+
+@pytest.mark.parametrize("backend", GEMM_BACKENDS)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch,d,hidden", SHAPES)
+def test_cpu_gemm_backends(monkeypatch, backend, approximate, bias, batch, d, hidden):
+    """float32 with each CPU GEMM backend forced for every GEMM, whatever its size (by default
+    oneDNN takes only large ones, and only on the CPUs where it measured faster): the
+    forward's chunked linears, the backward's column chunks accumulating dx, the pre-LN
+    block."""
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", backend)
+    test_ffn_matches_eager("cpu", torch.float32, approximate, bias, batch, d, hidden)
+    test_layer_norm_block_matches_eager("cpu", torch.float32, approximate, bias, batch, d, hidden)
+
+
+@pytest.mark.parametrize("backend", GEMM_BACKENDS)
+def test_cpu_gemm_backends_edge_shapes(monkeypatch, backend):
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", backend)
+    test_ffn_other_layouts("cpu", torch.float32)
+    test_ffn_empty_batch("cpu", (2, 0))
+    test_ffn_zero_hidden_units("cpu", torch.float32)
+
+
+def _onednn_matmul_calls(capfd, dtype=torch.float32):
+    """How many oneDNN matmul executions a forward and backward of gelu_ffn make, read from
+    oneDNN's own verbose log."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8, dtype=dtype, requires_grad=True)
+    w1, w2 = torch.randn(32, 8, dtype=dtype), torch.randn(8, 32, dtype=dtype)
+    b1, b2 = torch.randn(32, dtype=dtype), torch.randn(8, dtype=dtype)
+    capfd.readouterr()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        fusednorm.gelu_ffn(x, w1, b1, w2, b2).sum().backward()
+    log = capfd.readouterr().out
+    return sum(1 for line in log.splitlines() if line.startswith("onednn_verbose")
+               and ",exec," in line and ",matmul," in line)
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="this torch has no oneDNN")
+def test_cpu_gemm_setting_selects_the_backend(monkeypatch, capfd):
+    """FUSEDNORM_CPU_GEMM=onednn really runs oneDNN's matmul (the forward's two linears, the
+    backward's dy W2 and dh W1: four), =aten none; float64 never does."""
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", "onednn")
+    assert _onednn_matmul_calls(capfd) == 4
+    assert _onednn_matmul_calls(capfd, torch.float64) == 0
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", "aten")
+    assert _onednn_matmul_calls(capfd) == 0
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_cpu_gemm_bad_settings_raise(monkeypatch):
+    args = _good_args()
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", "mkl")
+    with pytest.raises(RuntimeError, match="FUSEDNORM_CPU_GEMM must be 'aten' or 'onednn'"):
+        fusednorm.gelu_ffn(**args)
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", "onednn")
+    with torch.backends.mkldnn.flags(enabled=False):
+        with pytest.raises(RuntimeError, match="FUSEDNORM_CPU_GEMM=onednn, but this torch"):
+            fusednorm.gelu_ffn(**args)
+
+
 # --- CUDA only -------------------------------------------------------------------------------
 
 

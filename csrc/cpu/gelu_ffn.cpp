@@ -1,5 +1,6 @@
-// GELU feed-forward block on the CPU. The GEMMs go through ATen (MKL / oneDNN); the
-// elementwise work is one fused pass each way (at::parallel_for over rows, at::vec along
+// GELU feed-forward block on the CPU. The GEMMs go through ATen (MKL / oneDNN), or those
+// with the tokens as the long side through oneDNN's matmul where it measured faster (see
+// cpu/gemm.h); the elementwise work is one fused pass each way (at::parallel_for over rows, at::vec along
 // them), in float (double for double inputs):
 //
 //   forward:  h = x @ W1^T + b1 (bias inside the GEMM);  one pass: a = gelu(h) (exact:
@@ -14,7 +15,6 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
@@ -26,6 +26,7 @@
 #include "common/dispatch.h"
 #include "common/gelu.h"
 #include "common/gelu_ffn_checks.h"
+#include "cpu/gemm.h"
 #include "cpu/partials.h"
 #include "cpu/vec_io.h"
 
@@ -302,16 +303,6 @@ void gelu_into(const at::Tensor& h, at::Tensor& a, GeluKind kind) {
   });
 }
 
-// out = a W^T (+ b) into out (a [rows, K], W [N, K]).
-void linear_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& w,
-                const std::optional<at::Tensor>& b) {
-  if (given(b)) {
-    at::addmm_out(out, *b, a, w.t());
-  } else {
-    at::mm_out(out, a, w.t());
-  }
-}
-
 std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const at::Tensor& weight1,
                                                 const std::optional<at::Tensor>& bias1,
                                                 const at::Tensor& weight2,
@@ -329,17 +320,17 @@ std::tuple<at::Tensor, at::Tensor> gelu_ffn_fwd(const at::Tensor& input, const a
   // b1 is added inside the GEMM (beta = 1 on the broadcast bias), before the product is
   // rounded to the input's dtype: adding it to a rounded float16/bfloat16 product instead
   // loses accuracy wherever the two nearly cancel.
-  linear_out(hidden, input, weight1, bias1);
+  linear_into(hidden, input, weight1, bias1);
   if (rows >= M) {  // one chunk: no views to make (a small call's host time)
     gelu_into(hidden, act, kind);
-    linear_out(out, act, weight2, bias2);
+    linear_into(out, act, weight2, bias2);
     return {out, hidden};
   }
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
     at::Tensor act_c = act.narrow(0, 0, n), out_c = out.narrow(0, r0, n);
     gelu_into(hidden.narrow(0, r0, n), act_c, kind);
-    linear_out(out_c, act_c, weight2, bias2);
+    linear_into(out_c, act_c, weight2, bias2);
   }
   return {out, hidden};
 }
@@ -388,7 +379,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
       const int64_t nc = std::min(cols, H - c0);
       at::Tensor dh_c = grad_hidden.narrow(0, 0, M * nc).view({M, nc});
       at::Tensor act_c = act.narrow(0, 0, M * nc).view({M, nc});
-      at::mm_out(dh_c, grad_out, weight2.narrow(1, c0, nc));
+      matmul_into(dh_c, grad_out, weight2.narrow(1, c0, nc), /*accumulate=*/false);
       if (M > 0) {
         const bool first = c0 == 0;
         dispatch_gelu_kind(kind, [&](auto kind_tag) {
@@ -406,11 +397,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
       at::mm_out(dw2_c, grad_out.t(), act_c);
       at::Tensor dw1_c = grad_weight1.narrow(0, c0, nc);
       at::mm_out(dw1_c, dh_c.t(), input);
-      if (c0 == 0) {
-        at::mm_out(grad_input, dh_c, weight1.narrow(0, c0, nc));  // H = 0: zeros
-      } else {
-        grad_input.addmm_(dh_c, weight1.narrow(0, c0, nc));
-      }
+      // The first chunk writes dx (H = 0: zeros), the others add to it.
+      matmul_into(grad_input, dh_c, weight1.narrow(0, c0, nc), /*accumulate=*/c0 != 0);
     }
     if (has_bias1) {
       sum_partials(part1.const_data_ptr<acc_t>(), blocks, H, grad_bias1.mutable_data_ptr<scalar_t>());
