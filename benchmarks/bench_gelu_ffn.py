@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -196,7 +197,18 @@ def measurement_notes(device: torch.device) -> list[str]:
               + "; saved MiB (fwd rows): what stays allocated after the forward while its "
               "output is held, less the output: the activations kept for backward (the "
               "backward's own temporaries are in its peak, not here)")
-    return [
+    gemm = []
+    if device.type == "cpu" and fusednorm is not None:
+        setting = os.environ.get("FUSEDNORM_CPU_GEMM")
+        how = (f"set by FUSEDNORM_CPU_GEMM={setting}" if setting else
+               "FUSEDNORM_CPU_GEMM unset: oneDNN's matmul on AMD AVX-512 CPUs, where it "
+               "measured faster than MKL, else ATen")
+        backend = setting or fusednorm.build_info().get("cpu_ffn_gemm")
+        gemm = [f"fusednorm's float32 GEMMs with the tokens as the long side (forward linears, "
+                f"backward dy·W2 and dh·W1) ran on {backend} ({how}); torch, torch.compile "
+                "and gemm-only run ATen's GEMMs (MKL), so % GEMM above 100% is fusednorm's "
+                "GEMM library beating eager's."]
+    return gemm + [
         f"Timing: {timing}. M = tokens, N = d_model, hidden = 4·N, GELU exact (erf). "
         "TFLOP/s counts the GEMMs' flops only (fwd 4·M·N·hidden, bwd 8·M·N·hidden); % GEMM "
         "is the time of the same GEMMs alone (gemm-only: no bias, no activation) over the "

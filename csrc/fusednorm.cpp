@@ -11,6 +11,8 @@
 
 #include <string>
 
+#include "cpu/gemm.h"
+
 #define FUSEDNORM_STR_(x) #x
 #define FUSEDNORM_STR(x) FUSEDNORM_STR_(x)
 
@@ -25,6 +27,7 @@ namespace {
 // Key=value lines parsed by fusednorm.build_info().
 std::string build_info() {
   std::string info = "cpu_capability=" FUSEDNORM_STR(FUSEDNORM_CPU_CAPABILITY_NAME) "\n";
+  info += std::string("cpu_ffn_gemm=") + fusednorm::cpu::auto_gemm_backend_name() + "\n";
 #ifdef FUSEDNORM_WITH_CUDA
   info += "cuda_archs=" FUSEDNORM_STR(FUSEDNORM_CUDA_ARCHS) "\n";
 #endif

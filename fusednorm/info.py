@@ -10,8 +10,10 @@ __version__ = "0.1.0"
 
 def build_info() -> dict:
     """Compiled kernels and the versions around them, e.g. for bug reports and results
-    files: {'fusednorm', 'torch', 'cuda', 'compiled', 'cpu_capability', 'cpu_kernels',
-    'cuda_kernels', 'cuda_archs', 'load_error', 'fast_calls', 'fast_calls_error'}:
+    files: {'fusednorm', 'torch', 'cuda', 'compiled', 'cpu_capability', 'cpu_ffn_gemm',
+    'cpu_kernels', 'cuda_kernels', 'cuda_archs', 'load_error', 'fast_calls',
+    'fast_calls_error'}: cpu_ffn_gemm is the library that runs the CPU FFN's large float32
+    GEMMs here by default ('onednn' or 'aten', see FUSEDNORM_CPU_GEMM in the README);
     fast_calls is whether the functions call the ops through fusednorm._fast (else torch.ops)."""
     compiled: dict[str, str] = {}
     if _loader.AVAILABLE:
@@ -24,6 +26,7 @@ def build_info() -> dict:
         "cuda": torch.version.cuda,
         "compiled": _loader.AVAILABLE,
         "cpu_capability": compiled.get("cpu_capability"),
+        "cpu_ffn_gemm": compiled.get("cpu_ffn_gemm"),
         "cpu_kernels": _loader.has_kernel("layer_norm_fwd", "cpu"),
         "cuda_kernels": _loader.has_kernel("layer_norm_fwd", "cuda"),
         "cuda_archs": compiled.get("cuda_archs", "").replace("_", " ").split(),

@@ -109,6 +109,7 @@ def test_build_info():
     assert info["compiled"] and info["cpu_kernels"]
     assert info["torch"] == torch.__version__
     assert info["cpu_capability"] in ("default", "avx2", "avx512")
+    assert info["cpu_ffn_gemm"] in ("aten", "onednn")
 
 
 def test_meta_tensors_give_shapes_without_computing():

@@ -68,6 +68,10 @@ GemmBackend choose_backend(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
+const char* auto_gemm_backend_name() {
+  return onednn_measured_faster_here() && onednn_matmul_available() ? "onednn" : "aten";
+}
+
 void matmul_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                  bool accumulate) {
   if (choose_backend(a, b) == GemmBackend::kOneDnn) {

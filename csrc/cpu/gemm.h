@@ -33,4 +33,8 @@ void matmul_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b
 void linear_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& w,
                  const std::optional<at::Tensor>& bias);
 
+// What the unset setting picks for large float32 GEMMs on this CPU with this torch:
+// "onednn" or "aten" (for build_info and the benchmarks' notes).
+const char* auto_gemm_backend_name();
+
 }  // namespace fusednorm::cpu
