@@ -1,7 +1,7 @@
 // GELU feed-forward block on the CPU. The GEMMs go through ATen (MKL / oneDNN), or those
 // with the tokens as the long side through oneDNN's matmul where it measured faster (see
-// cpu/gemm.h); the elementwise work is one fused pass each way (at::parallel_for over rows, at::vec along
-// them), in float (double for double inputs):
+// cpu/gemm.h); the elementwise work is one fused pass each way (at::parallel_for over
+// rows, at::vec along them), in float (double for double inputs):
 //
 //   forward:  h = x @ W1^T + b1 (bias inside the GEMM);  one pass: a = gelu(h) (exact:
 //             ATen's gelu, i.e. oneDNN's kernel);  y = a @ W2^T + b2
