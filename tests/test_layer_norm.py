@@ -273,6 +273,17 @@ def test_large_mean_small_variance(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,offset", [(torch.float16, 2000.0), (torch.bfloat16, 300.0)])
+def test_large_mean_16_bit_forward_and_backward(device, dtype, offset):
+    """16-bit rows whose mean is 100-200 sigma from zero (as far as the dtype still resolves
+    the spread in tens of steps): the kernels' fma forms of (x - mean) * rstd hold the
+    three-way bound in the output and every gradient."""
+    x = random_input((6, 1000), torch.float64, device, scale=offset / 150, shift=offset)
+    weight, bias = make_params((1000,), "affine", dtype, device)
+    check_forward_backward(x.to(dtype), (1000,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("eps", [0.0, 1e-12, 0.5])
 def test_eps(device, eps):
     x = random_input((3, 50), torch.float64, device)
