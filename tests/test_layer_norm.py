@@ -73,14 +73,17 @@ def test_one_million_element_row(device, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N", [1024, 1000, 4100])
-def test_outputs_larger_than_caches(dtype, N):
-    """Outputs of over 8 MiB: the CPU kernels stream them (non-temporal stores) once their
-    pages are mapped, i.e. from the second call on, when the allocator hands back the
-    first call's memory; every call must give the same, correct result. Rows of whole
-    cache lines (1024) stream from registers, short rows that are not (1000) through a
-    staging copy, long ones (4100) take plain stores."""
-    M = (9 << 20) // (N * dtype.itemsize) + 1
+@pytest.mark.parametrize("N", [1024, 1000, 1008, 4100])
+@pytest.mark.parametrize("output_mib", [6, 9])
+def test_outputs_larger_than_caches(dtype, N, output_mib):
+    """Calls that move over 16 MiB (the forward from 8 MiB of output, the backward from
+    5.3 MiB of dx): the CPU kernels stream their outputs (non-temporal stores) once the
+    pages are mapped, i.e. from the second call on, when the allocator hands back the first
+    call's memory; every call must give the same, correct result. Rows of whole cache lines
+    (1024; 1008 float32, whose last columns are a block that overlaps the one before) stream
+    from registers, short rows that are not (1000) through a staging copy, long ones (4100)
+    take plain stores."""
+    M = (output_mib << 20) // (N * dtype.itemsize) + 1
     x = random_input((M, N), dtype, "cpu")
     weight, bias = make_params((N,), "affine", dtype, "cpu")
     for _ in range(3):

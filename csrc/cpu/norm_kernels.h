@@ -28,14 +28,17 @@ inline int64_t row_grain(int64_t N) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
 }
 
-// Streaming stores pay off only for outputs that would not stay in cache anyway, and only
-// into pages that are already mapped: a fresh allocation (glibc mmaps large ones) is
-// page-faulted in by the first store, the kernel zeroes the page through the cache, and a
-// streaming store then has to evict those lines again (measured: 2x slower backward at
-// 16384 x 2048 float32 than plain stores).
-inline bool use_streaming_stores(const void* output, int64_t output_bytes) {
-  constexpr int64_t kLargerThanCaches = int64_t(8) << 20;
-  return output_bytes >= kLargerThanCaches && is_stream_aligned(output) &&
+// Streaming stores pay off only for a call whose traffic (bytes read and written) would not
+// stay in cache anyway, and only into pages that are already mapped: a fresh allocation
+// (glibc mmaps large ones) is page-faulted in by the first store, the kernel zeroes the
+// page through the cache, and a streaming store then has to evict those lines again
+// (measured: 2x slower backward at 16384 x 2048 float32 than plain stores). The threshold
+// is on the traffic, not the output: a bfloat16 backward at 4096 x 1000 writes 7.8 MiB of
+// dx but moves 23 MiB, and streamed its dx 1.2x faster (2 threads, inputs out of cache).
+inline bool use_streaming_stores(const void* output, int64_t output_bytes,
+                                 int64_t traffic_bytes) {
+  constexpr int64_t kLargerThanCaches = int64_t(16) << 20;
+  return traffic_bytes >= kLargerThanCaches && is_stream_aligned(output) &&
          pages_resident(output, output_bytes);
 }
 
@@ -333,7 +336,9 @@ struct NormFwdArgs {
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
 void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const int64_t N = a.N;
-  const bool stream = use_streaming_stores(a.y, a.M * N * sizeof(T));
+  // Traffic: x and y (and the residual and the sum).
+  const int64_t bytes = a.M * N * int64_t(sizeof(T));
+  const bool stream = use_streaming_stores(a.y, bytes, (a.residual != nullptr ? 4 : 2) * bytes);
   const OutputPath path = output_path(stream, a.y, N, 1);
   at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
@@ -441,7 +446,27 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
     sum_gx_lo = at::vec::fmadd(dlo, normalized<T>(xlo, vmean, vrstd, vshift), sum_gx_lo);
     sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, vshift), sum_gx_hi);
   }
-  if (vec_end < N) {  // the last columns as one zero-padded block
+  if (vec_end < N && vec_end > 0) {  // the last columns: an overlapping tail (vec_io.h)
+    const int64_t start = N - W;
+    Vec dlo, dhi, xlo, xhi;
+    IO::load(dy + start, dlo, dhi);
+    IO::load(x + start, xlo, xhi);
+    if constexpr (kWeight) {
+      Vec wlo, whi;
+      ParamIO::load(weight + start, wlo, whi);
+      dlo = dlo * wlo;
+      dhi = dhi * whi;
+    }
+    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, vshift),
+        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, vshift);
+    const Vec zero(0);
+    blend_last_lanes(N - vec_end, zero, zero, dlo, dhi);
+    blend_last_lanes(N - vec_end, zero, zero, gx_lo, gx_hi);
+    sum_g_lo = sum_g_lo + dlo;
+    sum_g_hi = sum_g_hi + dhi;
+    sum_gx_lo = sum_gx_lo + gx_lo;
+    sum_gx_hi = sum_gx_hi + gx_hi;
+  } else if (vec_end < N) {  // a row shorter than a block: one zero-padded block
     const int64_t count = N - vec_end;
     Vec dlo, dhi, xlo, xhi;
     load_partial<T, acc_t>(dy + vec_end, count, dlo, dhi);
@@ -513,20 +538,27 @@ inline bool tile_rounds_without_nan_mask(bool weight_finite, const TileStats<acc
   return true;
 }
 
+// The column blocks of a row: full blocks of kWidth columns; a row's last columns as the
+// overlapping tail (the kWidth columns that end the row, of which only the last `count`
+// are new: see blend_last_lanes); or, for a row shorter than kWidth, one block of its
+// `count` columns with the other lanes zero and never touched in memory.
+enum class Block { kFull, kTail, kShort };
+
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum) for kRows (<= kRowTile)
 // consecutive rows from `row`, and (kParamGrads) their dy * xhat and dy added to the
-// partials, over the columns [i, i + kWidth) (kPartial: the row's last `count` columns, the
-// other lanes zero and not stored). dx goes to dx_tile (a.dx at `row`, or a staging buffer),
-// rows N apart; stream: with streaming stores. The rows were just read by row_grad_means:
-// this sweep is served from cache.
+// partials, over the columns [i, i + kWidth) (a short block: the `count` from i). dx goes
+// to dx_tile (a.dx at `row`, or a staging buffer), rows N apart; stream: full blocks with
+// streaming stores. The rows were just read by row_grad_means: this sweep is served from
+// cache.
 template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeight,
-          bool kParamGrads, bool kNoNaN, bool kPartial>
+          bool kParamGrads, bool kNoNaN, Block kBlock>
 C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int64_t row,
                                              const TileStats<acc_t>& s,
                                              T* dx_tile, acc_t* dweight_part,
                                              acc_t* dbias_part, int64_t i, int64_t count,
                                              bool stream) {
   using Vec = Vectorized<acc_t>;
+  constexpr bool kPartial = kBlock == Block::kShort;  // masked loads and stores
   const int64_t N = a.N;
   const T* dy = a.dy + row * N + i;
   const T* x = a.x + row * N + i;
@@ -538,10 +570,11 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
     load_block<kPartial>(dweight_part + i, count, pw_lo, pw_hi);
     if constexpr (kCentered) load_block<kPartial>(dbias_part + i, count, pb_lo, pb_hi);
   }
+  const Vec pw_in_lo = pw_lo, pw_in_hi = pw_hi, pb_in_lo = pb_lo, pb_in_hi = pb_hi;
   // The next tile's dy and x, asked for while this sweep computes from cache: its
   // row_grad_means would otherwise wait on memory with nothing else in flight (1 thread,
   // 16384 x 4096: float32 0.84 -> 0.60 ns per element, bfloat16 0.54 -> 0.45).
-  if (!kPartial && row + kRows < a.M) {
+  if (kBlock == Block::kFull && row + kRows < a.M) {
     const int64_t next_rows = std::min(kRows, a.M - row - kRows);
     for (int64_t r = kRows; r < kRows + next_rows; ++r) {
       prefetch_block<T, acc_t>(dy + r * N);
@@ -585,19 +618,25 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
     }
   }
   for (int64_t r = 0; r < kRows; ++r) {
-    if (!kPartial && stream) {
+    // A tail's repeated lanes rewrite the values the block before stored (or will store:
+    // the tail goes first), computed alike: bitwise the same.
+    if (kBlock == Block::kFull && stream) {
       VecIO<T, acc_t>::template store_streaming<kNoNaN>(dx + r * N, out_lo[r], out_hi[r]);
     } else {
       store_block<kPartial, kNoNaN>(dx + r * N, count, out_lo[r], out_hi[r]);
     }
   }
   if constexpr (kParamGrads) {
+    if constexpr (kBlock == Block::kTail) {  // the repeated lanes keep the partials they had
+      blend_last_lanes(count, pw_in_lo, pw_in_hi, pw_lo, pw_hi);
+      if constexpr (kCentered) blend_last_lanes(count, pb_in_lo, pb_in_hi, pb_lo, pb_hi);
+    }
     store_block<kPartial, false>(dweight_part + i, count, pw_lo, pw_hi);
     if constexpr (kCentered) store_block<kPartial, false>(dbias_part + i, count, pb_lo, pb_hi);
   }
 }
 
-// All column blocks of one backward tile of kRows rows, the partial last block included.
+// All column blocks of one backward tile of kRows rows, the row's last columns included.
 // The row count is a template argument so that the tile's registers stay registers: with
 // a run-time count the compiler kept them on the stack (1 thread in cache, 4096 wide:
 // bfloat16 0.29 -> 0.22 ns per element, float16 0.37 -> 0.30, float32 0.35 -> 0.32).
@@ -612,13 +651,23 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
   const NormBwdArgs<T, acc_t> args = a;
   const TileStats<acc_t> stats = s;
   const int64_t vec_end = args.N - args.N % W;
-  for (int64_t i = 0; i < vec_end; i += W) {
-    norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN, false>(
-        args, row, stats, dx_tile, dweight_part, dbias_part, i, W, stream);
+  // The tail first: the full blocks come long enough after it that its partials stores
+  // have left the store queue when the last full block loads the same lines (a tail last
+  // would load what the block just before stored, in part: no store forwarding, a stall).
+  if (vec_end < args.N && vec_end > 0) {
+    norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
+                          Block::kTail>(args, row, stats, dx_tile, dweight_part, dbias_part,
+                                        args.N - W, args.N - vec_end, stream);
   }
-  if (vec_end < args.N) {
-    norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN, true>(
-        args, row, stats, dx_tile, dweight_part, dbias_part, vec_end, args.N - vec_end, stream);
+  for (int64_t i = 0; i < vec_end; i += W) {
+    norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
+                          Block::kFull>(args, row, stats, dx_tile, dweight_part, dbias_part,
+                                        i, W, stream);
+  }
+  if (vec_end == 0 && args.N > 0) {
+    norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
+                          Block::kShort>(args, row, stats, dx_tile, dweight_part, dbias_part,
+                                         0, args.N, stream);
   }
 }
 
@@ -670,7 +719,9 @@ void norm_bwd_rows(const NormBwdArgs<T, acc_t>& a, acc_t* partial_w, acc_t* part
                    int64_t blocks) {
   const int64_t M = a.M, N = a.N;
   // dx is written once and read by the next layer's backward much later.
-  const bool stream = use_streaming_stores(a.dx, M * N * sizeof(T));
+  // Traffic: dy, x and dx (and dsum).
+  const int64_t bytes = M * N * int64_t(sizeof(T));
+  const bool stream = use_streaming_stores(a.dx, bytes, (a.dsum != nullptr ? 4 : 3) * bytes);
   const OutputPath path = output_path(stream, a.dx, N, kRowTile);
   auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
     for (int64_t r = begin; r < end; r += kRowTile) {

@@ -365,14 +365,62 @@ inline void store_block(T* p, int64_t count, const at::vec::Vectorized<acc_t>& l
   }
 }
 
+// Lanes [0, count) of `first` and the others of `rest` (count may be <= 0 or >= size).
+// With AVX-512 through a lane mask: Vec::set switches over the count, a jump per call that
+// was a third of a block's time in the backward's tail (1 thread in cache, 1000 wide).
+template <typename acc_t>
+inline at::vec::Vectorized<acc_t> first_lanes_from(int64_t count,
+                                                   const at::vec::Vectorized<acc_t>& first,
+                                                   const at::vec::Vectorized<acc_t>& rest) {
+  using Vec = at::vec::Vectorized<acc_t>;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<acc_t, float>) {
+    return _mm512_mask_blend_ps(__mmask16(first_lanes_mask(count)), rest, first);
+  } else {
+    static_assert(std::is_same_v<acc_t, double>);
+    return _mm512_mask_blend_pd(__mmask8(first_lanes_mask(count)), rest, first);
+  }
+#else
+  return Vec::set(rest, first, std::clamp<int64_t>(count, 0, Vec::size()));
+#endif
+}
+
 // Lanes [0, count) of a two-register block kept, the others zero (count <= 2 * size).
 template <typename acc_t>
 inline void keep_first_lanes(int64_t count, at::vec::Vectorized<acc_t>& lo,
                              at::vec::Vectorized<acc_t>& hi) {
   using Vec = at::vec::Vectorized<acc_t>;
-  const int64_t n = Vec::size();
-  lo = Vec::set(Vec(0), lo, std::min(count, n));
-  hi = Vec::set(Vec(0), hi, std::max<int64_t>(count - n, 0));
+  lo = first_lanes_from(count, lo, Vec(0));
+  hi = first_lanes_from(count - Vec::size(), hi, Vec(0));
+}
+
+// A row's last columns as a full block that ends at the row's end (the "overlapping tail"):
+// its first kWidth - count lanes repeat columns that another block covers, so only its
+// last `count` lanes may add to a sum. Plain loads and register blends rather than masked
+// loads and stores: 1 thread in cache, 1000 wide, the backward 0.270 -> 0.254 ns per
+// element in bfloat16 and 0.326 -> 0.283 in float32.
+// Lanes [2 * size - count, 2 * size) of new_lo:new_hi, the others from old_lo:old_hi.
+template <typename acc_t>
+inline void blend_last_lanes(int64_t count, const at::vec::Vectorized<acc_t>& old_lo,
+                             const at::vec::Vectorized<acc_t>& old_hi,
+                             at::vec::Vectorized<acc_t>& new_lo,
+                             at::vec::Vectorized<acc_t>& new_hi) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  const int64_t n = Vec::size(), kept_old = 2 * n - count;
+#if defined(CPU_CAPABILITY_AVX512)
+  // One mask for both registers (two first_lanes_from calls measured 3% slower).
+  const uint64_t take_new = ~first_lanes_mask(kept_old);
+  if constexpr (std::is_same_v<acc_t, float>) {
+    new_lo = _mm512_mask_blend_ps(__mmask16(take_new), old_lo, new_lo);
+    new_hi = _mm512_mask_blend_ps(__mmask16(take_new >> n), old_hi, new_hi);
+  } else {
+    new_lo = _mm512_mask_blend_pd(__mmask8(take_new), old_lo, new_lo);
+    new_hi = _mm512_mask_blend_pd(__mmask8(take_new >> n), old_hi, new_hi);
+  }
+#else
+  new_lo = first_lanes_from(kept_old, old_lo, new_lo);
+  new_hi = first_lanes_from(kept_old - n, old_hi, new_hi);
+#endif
 }
 
 // Sum of all lanes, added in a fixed order.
