@@ -571,13 +571,13 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
     if constexpr (kCentered) load_block<kPartial>(dbias_part + i, count, pb_lo, pb_hi);
   }
   const Vec pw_in_lo = pw_lo, pw_in_hi = pw_hi, pb_in_lo = pb_lo, pb_in_hi = pb_hi;
-  // The dy and x of the tile after next, asked for while this sweep computes from cache:
+  // The dy and x of a tile ahead, asked for while this sweep computes from cache:
   // its row_grad_means would otherwise wait on memory with nothing else in flight (1
   // thread, 16384 x 4096: float32 0.84 -> 0.60 ns per element, bfloat16 0.54 -> 0.45 with
-  // the next tile). Two tiles ahead rather than one: 2 threads, inputs out of cache,
-  // bfloat16 and float16 0.16-0.22 -> 0.14-0.20 ns per element at 768-4096 wide; float32
-  // the same.
-  constexpr int64_t kAhead = 2 * kRows;
+  // the next tile). 16-bit rows two tiles ahead, about as many bytes as the next tile of
+  // float32 rows: 2 threads, inputs out of cache, bfloat16 and float16 0.16-0.22 -> 0.14-0.20
+  // ns per element at 768-4096 wide; float32 lost 5% two tiles ahead.
+  constexpr int64_t kAhead = (sizeof(T) == 2 ? 2 : 1) * kRows;
   if (kBlock == Block::kFull && row + kAhead < a.M) {
     const int64_t next_rows = std::min(kRows, a.M - row - kAhead);
     for (int64_t r = kAhead; r < kAhead + next_rows; ++r) {
