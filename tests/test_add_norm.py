@@ -53,6 +53,27 @@ def test_matches_reference(device, dtype, N, kind):
     _check(kind, x, r, (N,), w, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [1024, 1000, 4100])
+@pytest.mark.parametrize("kind", KINDS)
+def test_calls_larger_than_caches(dtype, N, kind):
+    """Calls that move 16 MiB or more (over 4 MiB per tensor): from the second call on (the
+    pages mapped) the CPU kernels stream the output and the sum, the sum through a staging
+    copy in cache for rows of up to 16 KiB (1024; 1000, whose rows do not start on a cache
+    line) and with plain stores for longer ones (4100 float32). Every call must give the
+    same, correct result, the sum bitwise that of x + r."""
+    M = (5 << 20) // (N * dtype.itemsize) + 1
+    x = random_input((M, N), dtype, "cpu")
+    r = random_input((M, N), dtype, "cpu", seed=2, shift=-0.5)
+    w = random_input((N,), dtype, "cpu", scale=1.0, shift=1.0, seed=3)
+    b = random_input((N,), dtype, "cpu", scale=1.0, shift=0.5, seed=4) if kind == "layer_norm" else None
+    fused, _, _ = _fns(kind, (N,), 1e-5 if kind == "layer_norm" else None)
+    for _ in range(3):
+        _check(kind, x, r, (N,), w, b)
+        _, s = fused(x, r, w, b)
+        assert torch.equal(s, x + r)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_strided_multi_dim_no_params(device, kind):

@@ -340,8 +340,14 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const int64_t bytes = a.M * N * int64_t(sizeof(T));
   const bool stream = use_streaming_stores(a.y, bytes, (a.residual != nullptr ? 4 : 2) * bytes);
   const OutputPath path = output_path(stream, a.y, N, 1);
+  // The sum is computed into a staging buffer, streamed out from there and normalized from
+  // there: plain stores of it made every line read before written, and the streaming and
+  // plain stores mixed (2 threads, 8192 x 768 float32: 3.1 -> 1.8 ms, bfloat16 1.2 -> 1.0).
+  const bool stage_sum = a.residual != nullptr && stream &&
+                         N * int64_t(sizeof(T)) <= kStageBytes && pages_resident(a.sum, bytes);
   at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
+    alignas(kCacheLine) char sum_stage[kStageBytes];
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = a.x + row * N;
       // float16/bfloat16 rows ask for a later row's inputs while this one computes (1
@@ -360,8 +366,9 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
       const T* next_residual =
           prefetch && a.residual != nullptr ? a.residual + (row + kAhead) * N : nullptr;
       if (a.residual != nullptr) {  // normalize the sum, read back from cache
-        T* sr = a.sum + row * N;
+        T* sr = stage_sum ? reinterpret_cast<T*>(sum_stage) : a.sum + row * N;
         add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
+        if (stage_sum) stream_copy(a.sum + row * N, sr, N * int64_t(sizeof(T)));
         xr = sr;
       }
       T* yr = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.y + row * N;
