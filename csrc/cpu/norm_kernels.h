@@ -439,17 +439,22 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   static_assert(ParamIO::kWidth == W);
   const int64_t vec_end = N - N % W;
   const Vec vmean(mean), vrstd(rstd), vshift(-mean * rstd);
-  Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
-  for (int64_t i = 0; i < vec_end; i += W) {
-    Vec dlo, dhi, xlo, xhi;
-    IO::load(dy + i, dlo, dhi);
+  // g and x of the kWidth columns from i (the function has no stores: captures stay in
+  // registers).
+  auto load_g_and_x = [&](int64_t i, Vec& glo, Vec& ghi, Vec& xlo, Vec& xhi) {
+    IO::load(dy + i, glo, ghi);
     IO::load(x + i, xlo, xhi);
     if constexpr (kWeight) {
       Vec wlo, whi;
       ParamIO::load(weight + i, wlo, whi);
-      dlo = dlo * wlo;
-      dhi = dhi * whi;
+      glo = glo * wlo;
+      ghi = ghi * whi;
     }
+  };
+  Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
+  for (int64_t i = 0; i < vec_end; i += W) {
+    Vec dlo, dhi, xlo, xhi;
+    load_g_and_x(i, dlo, dhi, xlo, xhi);
     if constexpr (kCentered) {
       sum_g_lo = sum_g_lo + dlo;
       sum_g_hi = sum_g_hi + dhi;
@@ -458,16 +463,8 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
     sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, vshift), sum_gx_hi);
   }
   if (vec_end < N && vec_end > 0) {  // the last columns: an overlapping tail (vec_io.h)
-    const int64_t start = N - W;
     Vec dlo, dhi, xlo, xhi;
-    IO::load(dy + start, dlo, dhi);
-    IO::load(x + start, xlo, xhi);
-    if constexpr (kWeight) {
-      Vec wlo, whi;
-      ParamIO::load(weight + start, wlo, whi);
-      dlo = dlo * wlo;
-      dhi = dhi * whi;
-    }
+    load_g_and_x(N - W, dlo, dhi, xlo, xhi);
     Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, vshift),
         gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, vshift);
     const Vec zero(0);
