@@ -664,9 +664,9 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
   const NormBwdArgs<T, acc_t> args = a;
   const TileStats<acc_t> stats = s;
   const int64_t vec_end = args.N - args.N % W;
-  // The tail first: the full blocks come long enough after it that its partials stores
-  // have left the store queue when the last full block loads the same lines (a tail last
-  // would load what the block just before stored, in part: no store forwarding, a stall).
+  // The tail first, so that no load of the partials meets a store to the same lines still
+  // in flight (a tail last loads, in part, what the block just before stored). Measured
+  // first vs last: the same within 2% (1 thread in cache, 1000 wide).
   if (vec_end < args.N && vec_end > 0) {
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
                           Block::kTail>(args, row, stats, dx_tile, dweight_part, dbias_part,
