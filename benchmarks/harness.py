@@ -90,22 +90,25 @@ CPU_ROUNDS = 5
 
 def time_side_by_side(
     calls_per_provider: Sequence[Sequence[Callable[[], object]]], device: torch.device,
-    budget_s: float,
+    budget_s: float | Sequence[float],
 ) -> list[Timing]:
     """One Timing per provider (its `calls` cycled through). On the CPU the providers take
     turns, a slice of blocks each, for CPU_ROUNDS rounds: a machine shared with other work
     speeds up and slows down over seconds, and timing one provider after the other would
     hand such a phase to one of them (seen: the same kernel 0.7x and 1.5x PyTorch in two
     runs); in turns, each provider gets its share of every phase. Long calls get at least
-    one block per round. On the GPU (steady, timed by events), one provider after the other."""
+    one block per round. On the GPU (steady, timed by events), one provider after the other.
+    budget_s: one for all providers, or one each."""
+    budgets = ([budget_s] * len(calls_per_provider) if isinstance(budget_s, (int, float))
+               else list(budget_s))
     if device.type == "cuda":
-        return [time_calls(calls, device, budget_s) for calls in calls_per_provider]
+        return [time_calls(calls, device, b) for calls, b in zip(calls_per_provider, budgets)]
     from torch.utils.benchmark import Timer
 
     # Per provider: calls per block (a block of ~10 ms, at least one call) and blocks per
     # round (the budget split over the rounds, at least one block), from one timed call.
     timers, numbers, blocks = [], [], []
-    for calls in calls_per_provider:
+    for calls, budget in zip(calls_per_provider, budgets):
         fn = _cycling(calls)
         # Warm-up (caches, allocator, lazy init): every input set once, and twice in all for
         # short calls; the last warm-up call's time is the estimate. Long calls (the FFN's,
@@ -113,7 +116,7 @@ def time_side_by_side(
         # set cost more than their timing did.
         warmups, spent = len(calls), 0.0
         i = 0
-        while (i < max(warmups, 1) and not (i >= 2 and spent >= budget_s)) \
+        while (i < max(warmups, 1) and not (i >= 2 and spent >= budget)) \
                 or (i < 2 and estimate_s < 0.05):
             start = time.perf_counter()
             fn()
@@ -123,7 +126,7 @@ def time_side_by_side(
         number = max(1, round(0.01 / estimate_s))
         timers.append(Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()))
         numbers.append(number)
-        blocks.append(max(1, round(budget_s / CPU_ROUNDS / (number * estimate_s))))
+        blocks.append(max(1, round(budget / CPU_ROUNDS / (number * estimate_s))))
     times: list[list[float]] = [[] for _ in timers]
     for _ in range(CPU_ROUNDS):
         for i, timer in enumerate(timers):
@@ -132,15 +135,29 @@ def time_side_by_side(
     return [Timing(*(1e3 * _quantile(sorted(t), q) for q in QUANTILES)) for t in times]
 
 
+class CopyProbe:
+    """The copy-bandwidth probe: copy_ of a COPY_BYTES tensor into a preallocated one (on the
+    CPU, clone() of a tensor this large would time the kernel's page faults on fresh memory,
+    not the memory system). The runner times it in turns with each case's providers, so that
+    a row's % of copy is taken against the bandwidth of the same moments."""
+
+    def __init__(self, device: torch.device):
+        self.src = torch.randn(COPY_BYTES[device.type] // 4, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.bytes = 2 * self.src.numel() * self.src.element_size()  # read + written
+
+    def call(self) -> None:
+        self.dst.copy_(self.src)
+
+    def gbps(self, timing: Timing) -> float:
+        return self.bytes / (timing.ms * 1e-3) / 1e9
+
+
 def copy_bandwidth_gbps(device: torch.device, budget_s: float = 0.5) -> float:
-    """Device-to-device copy bandwidth, bytes read + written per second / 1e9, by copy_ of
-    a large tensor into a preallocated one. (On the CPU, clone() of a tensor this large
-    would time the kernel's page faults on fresh memory, not the memory system.)"""
-    numel = COPY_BYTES[device.type] // 4
-    src = torch.randn(numel, device=device)
-    dst = torch.empty_like(src)
-    timing = time_calls([lambda: dst.copy_(src)], device, budget_s)
-    return 2 * src.numel() * src.element_size() / (timing.ms * 1e-3) / 1e9
+    """Device-to-device copy bandwidth, bytes read + written per second / 1e9 (CopyProbe
+    timed alone)."""
+    probe = CopyProbe(device)
+    return probe.gbps(time_calls([probe.call], device, budget_s))
 
 
 _cpu_memory_warning: list[str] = []

@@ -66,6 +66,16 @@ def _case_fields(rows: Sequence[dict], case_keys: Sequence[str]):
     return cases
 
 
+def _copy_range(result: dict) -> str:
+    """The copy bandwidth the rows were judged against: "lo-hi" over the rows (older
+    results, with one probe per run: that one)."""
+    seen = [r["copy_gbps"] for r in result["rows"] if r.get("copy_gbps") is not None]
+    if not seen:
+        return f"{result['copy_gbps']:.1f}"
+    lo, hi = min(seen), max(seen)
+    return f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}"
+
+
 def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
              notes: Sequence[str] = ()) -> str:
     """The results as Markdown: a stamp line, then one table per pass with a row per case
@@ -75,8 +85,9 @@ def markdown(result: dict, case_keys: Sequence[str], columns: Sequence[Column],
         "",
         f"{result['device_kind']}, torch {result['torch']}, fusednorm kernels: "
         f"{result.get('fusednorm_build', 'not recorded')}, commit `{result['commit']}`, "
-        f"{result['date']}; copy bandwidth {result['copy_gbps']:.1f} GB/s "
-        "(bytes read + written / s, measured in the same run). Times are medians."
+        f"{result['date']}; copy bandwidth {_copy_range(result)} GB/s (bytes read + "
+        "written / s, a copy timed in turns with the providers of each pass of each case; a "
+        "row's % copy is against the copy of its own turns). Times are medians."
         + (f" CPU memory: {result['cpu_memory']} (see the notes)." if "cpu_memory" in result
            else ""),
     ]

@@ -15,7 +15,7 @@ from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, s
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build", "commit", "date",
             "cpu_memory", "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
-            "pct_of_copy", "peak_mem_mb", "saved_mb"]
+            "pct_of_copy", "copy_gbps", "peak_mem_mb", "saved_mb"]
 FFN_ROW_KEYS = ROW_KEYS + ["hidden", "tflops", "pct_of_gemm"]
 NORM_ROW_KEYS = ROW_KEYS + ["pct_of_fresh_copy"]  # the norm suites' floor
 
@@ -51,8 +51,14 @@ def test_layer_norm_results_format(tmp_path):
         floor = floor_ms[row["pass"], row["dtype"], row["M"]]
         assert row["pct_of_fresh_copy"] == pytest.approx(100 * floor / row["ms"], rel=1e-2)
         assert row["ms_p20"] <= row["ms"] <= row["ms_p80"]
-        assert row["pct_of_copy"] == pytest.approx(100 * row["gbps"] / result["copy_gbps"],
+        # % copy is against the probe timed in turns with the row's pass and case: the same
+        # for every provider of it, never above the run's best.
+        assert row["pct_of_copy"] == pytest.approx(100 * row["gbps"] / row["copy_gbps"],
                                                    rel=1e-2)
+        assert 0 < row["copy_gbps"] <= result["copy_gbps"]
+        probe = {(r["provider"], r["copy_gbps"]) for r in result["rows"]
+                 if (r["pass"], r["dtype"], r["M"]) == (row["pass"], row["dtype"], row["M"])}
+        assert len({gbps for _, gbps in probe}) == 1
     assert [r["pass"] for r in result["rows"]][::12] == ["fwd", "bwd", "fwd+bwd"]
     assert "fusednorm % of fresh-copy" in md and "fresh-copy × torch" not in md
     _check_files(result, folder, "layer_norm")
