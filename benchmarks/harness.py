@@ -331,6 +331,26 @@ def _cpu_times() -> tuple[int, int]:
 BUSY_PREFIX = "other work kept"  # how busy_note's warning starts (plots pick it out by it)
 
 
+# Copy probes of one run further apart than this (max / min) mean the machine's memory
+# bandwidth drifted while it ran (a shared VM's neighbours).
+DRIFT_LIMIT = 1.25
+
+
+def drift_note(copy_gbps: Sequence[float]) -> str | None:
+    """A warning when the copy probes timed with the cases of one run disagree by more than
+    DRIFT_LIMIT: each row's % of copy is still against its own probe, but rows of different
+    cases were timed in different phases of the machine."""
+    if len(copy_gbps) < 2 or min(copy_gbps) <= 0:
+        return None
+    lo, hi = min(copy_gbps), max(copy_gbps)
+    if hi / lo <= DRIFT_LIMIT:
+        return None
+    return (f"{BUSY_PREFIX} the memory bandwidth moving during this run: the copy probes "
+            f"timed with the cases ranged {lo:.1f}-{hi:.1f} GB/s ({hi / lo:.2f}x). Each row's "
+            "% copy is against its own probe; compare rows of different cases by their ratios "
+            "to the providers timed beside them, or re-run on a quiet machine")
+
+
 def busy_note(device: torch.device, window_s: float = 1.0) -> str | None:
     """A warning when other work keeps this machine's CPUs busy (sampled for window_s while
     we sleep): thread pools then wait on each other's descheduled threads and CPU timings

@@ -261,6 +261,10 @@ def run(
                 del per_provider
             del case, good
     del probe
+    drift = harness.drift_note(copy_seen[1:])  # the probes timed with the cases
+    if drift:
+        settings.notes.append(drift)
+        print(f"[{settings.suite}] warning: {drift}", file=sys.stderr)
     settings.notes.extend(harness.notes())
     if device.type == "cpu":
         settings.notes.append(harness.allocator_note())

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import fusednorm
-from benchmarks import bench_gelu_ffn, bench_layer_norm, cli, run_all, runner, stamp
+from benchmarks import (bench_gelu_ffn, bench_layer_norm, cli, harness, plotting, run_all, runner,
+                        stamp)
 
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build", "commit", "date",
             "cpu_memory", "copy_gbps", "rows"]
@@ -181,8 +182,6 @@ def test_run_all_says_where_the_files_are():
 
 
 def test_plots_are_stamped():
-    from benchmarks import plotting
-
     result = {"suite": "gelu_ffn", "device": "Some CPU", "device_kind": "cpu",
               "torch": "2.14.1", "commit": "0123456789abcdef0123-dirty",
               "date": "2026-01-02T03:04:05+00:00"}
@@ -192,6 +191,18 @@ def test_plots_are_stamped():
     busy = plotting.stamp_lines(result, ["other work kept 90% of the CPUs busy when the run "
                                          "started: timings are noisy"])
     assert busy[:2] == quiet and busy[2].startswith("WARNING: other work kept 90%")
+
+
+def test_drifting_copy_bandwidth_is_flagged():
+    # Probes within DRIFT_LIMIT of each other: a quiet run, no note.
+    assert harness.drift_note([40.0, 45.0, 48.0]) is None
+    assert harness.drift_note([40.0]) is None
+    note = harness.drift_note([26.4, 47.3, 33.0])
+    assert note.startswith(harness.BUSY_PREFIX) and "26.4-47.3 GB/s (1.79x)" in note
+    # The plots show it as a warning, like a busy machine's.
+    lines = plotting.stamp_lines({"suite": "s", "device": "d", "device_kind": "cpu",
+                                  "torch": "t", "commit": "c", "date": "x"}, [note])
+    assert lines[2].startswith("WARNING: " + harness.BUSY_PREFIX)
 
 
 def test_replot_redraws_from_the_results_files(tmp_path):
