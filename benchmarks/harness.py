@@ -153,13 +153,6 @@ class CopyProbe:
         return self.bytes / (timing.ms * 1e-3) / 1e9
 
 
-def copy_bandwidth_gbps(device: torch.device, budget_s: float = 0.5) -> float:
-    """Device-to-device copy bandwidth, bytes read + written per second / 1e9 (CopyProbe
-    timed alone)."""
-    probe = CopyProbe(device)
-    return probe.gbps(time_calls([probe.call], device, budget_s))
-
-
 _cpu_memory_warning: list[str] = []
 
 
