@@ -423,20 +423,10 @@ inline void blend_last_lanes(int64_t count, const at::vec::Vectorized<acc_t>& ol
 #endif
 }
 
-// Sum of all lanes, added in a fixed order. GCC 12 flags the `_mm512_undefined_ps()` that
-// its own _mm512_shuffle_f32x4 passes as an unused source (-Wuninitialized, 36 times per
-// build): a false positive inside the compiler's header, silenced here only.
+// Sum of all lanes, added in a fixed order.
 template <typename acc_t>
 inline acc_t lane_sum(const at::vec::Vectorized<acc_t>& v) {
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
   return at::vec::vec_reduce_all<acc_t>([](auto a, auto b) { return a + b; }, v);
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 }
 
 }  // namespace fusednorm::cpu
