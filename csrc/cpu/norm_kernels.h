@@ -85,9 +85,10 @@ inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& in
 // running mean does not lose the noise to rounding (its mean is shift + the result's).
 // Four independent accumulator registers hide the latency of the dependent Welford chain
 // (two 512-bit ones were slower in cache); their lanes, which all hold the same count, are
-// merged with Chan's formula, then the tail's own mean and M2 are merged in. next (may be
-// null): a row of the same length to prefetch along the way.
-template <typename T, typename acc_t>
+// merged with Chan's formula, then the tail's own mean and M2 are merged in. kPrefetch: next
+// is a row of the same length to prefetch along the way (a template flag, not a null test,
+// so that rows which never prefetch keep a loop without the branch).
+template <typename T, typename acc_t, bool kPrefetch = false>
 WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift, const T* next = nullptr) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
@@ -104,7 +105,7 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift, const T* 
     count += acc_t(1);
     const Vec inv_count(acc_t(1) / count);
     Vec v[kRegs];
-    if (next != nullptr) {
+    if constexpr (kPrefetch) {
       prefetch_block<T, acc_t>(next + i);
       prefetch_block<T, acc_t>(next + i + IO::kWidth);
     }
@@ -333,6 +334,13 @@ struct NormFwdArgs {
   bool params_finite;  // weight and bias (where given) have no NaN or infinity
 };
 
+// Whether the forward asks for the row kAhead rows on while it computes one (see there).
+template <typename T>
+inline bool forward_prefetches(int64_t N) {
+  const int64_t row_bytes = N * int64_t(sizeof(T));
+  return sizeof(T) == 2 || (row_bytes >= 8 * 1024 && row_bytes <= 16 * 1024);
+}
+
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
 void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const int64_t N = a.N;
@@ -352,8 +360,12 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
     for (int64_t row = begin; row < end; ++row) {
       const T* xr = a.x + row * N;
       // float16/bfloat16 rows ask for a later row's inputs while this one computes (1
-      // thread, 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element); float32/float64 rows
-      // already keep memory busy, and lost up to 15% to the extra requests. LayerNorm asks
+      // thread, 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element). float32/float64 rows
+      // of 8-16 KiB do too (2 threads, two builds in turns, 4 rounds, 16384 rows: float32
+      // 2048 wide 5.8-6.7 -> 4.6-6.0 ms, 4096 wide 11.3-11.7 -> 10.1-10.7, float64 2048
+      // wide 11.1-11.5 -> 10.1-10.7); shorter ones already keep memory busy and lost up to
+      // 2x to the extra requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32 KiB
+      // ones 5% (float64 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks
       // for the input row during its statistics sweep: asked during the normalize
       // sweep, which in-order widening and AVX512_BF16 rounding made short, they came too
       // late (2 threads, 16384 x 4096 bfloat16: 0.112 -> 0.145 ns per element; 0.113 from
@@ -362,7 +374,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
       // next: short rows asked for the next one too late (2 threads, out of cache: 768
       // wide 0.14 -> 0.12 ns per element, 1024 wide 0.13 -> 0.12; 2048-4096 the same).
       constexpr int64_t kAhead = 2;
-      const bool prefetch = sizeof(T) == 2 && row + kAhead < end;
+      const bool prefetch = forward_prefetches<T>(N) && row + kAhead < end;
       const T* next_x = prefetch ? a.x + (row + kAhead) * N : nullptr;
       const T* next_residual =
           prefetch && a.residual != nullptr ? a.residual + (row + kAhead) * N : nullptr;
@@ -376,7 +388,9 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
       const bool stream_row = path == OutputPath::kStream;
       if constexpr (kCentered) {
         const acc_t shift = N > 0 ? static_cast<acc_t>(xr[0]) : acc_t(0);
-        const WelfordState<acc_t> stats = row_statistics<T, acc_t>(xr, N, shift, next_x);
+        const WelfordState<acc_t> stats =
+            next_x != nullptr ? row_statistics<T, acc_t, true>(xr, N, shift, next_x)
+                              : row_statistics<T, acc_t, false>(xr, N, shift);
         const acc_t rstd = acc_t(1) / std::sqrt(stats.variance() + a.eps);
         a.mean[row] = shift + stats.mean;
         a.rstd[row] = rstd;
