@@ -312,8 +312,12 @@ void add_row(const T* a, const T* b, T* s, int64_t N) {
     IO::load(b + i, blo, bhi);
     IO::store(s + i, alo + blo, ahi + bhi);
   }
-  for (int64_t i = vec_end; i < N; ++i) {
-    s[i] = static_cast<T>(static_cast<acc_t>(a[i]) + static_cast<acc_t>(b[i]));
+  if (vec_end < N) {  // the last columns as one partial block: no scalar conversions
+    const int64_t count = N - vec_end;
+    Vec alo, ahi, blo, bhi;
+    load_partial<T, acc_t>(a + vec_end, count, alo, ahi);
+    load_partial<T, acc_t>(b + vec_end, count, blo, bhi);
+    store_partial<false>(s + vec_end, count, alo + blo, ahi + bhi);
   }
 }
 
