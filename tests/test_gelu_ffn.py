@@ -17,7 +17,7 @@ from conftest import (ATOL, DEVICES, DTYPES, HAS_CUDA, RecordingBackend, assert_
                       random_input)
 
 APPROXIMATE = ["none", "tanh"]
-# (batch shape, d_model, hidden): odd sizes (scalar tails, unaligned rows), a 3-D input,
+# (batch shape, d_model, hidden): odd sizes (partial last blocks, unaligned rows), a 3-D input,
 # sizes that take the vectorized / cuBLASLt-epilogue paths, and two that the CPU kernels
 # run in chunks: 1200 x 4096 in three forward chunks of 400 rows and backward chunks of
 # 1408, 1408 and 1280 hidden columns; 300 x 777 in backward chunks of 448 and 329 columns

@@ -175,8 +175,10 @@ void gelu_rows(const T* h, T* a, int64_t M, int64_t H) {
         IO::load(hr + i, lo, hi);
         IO::store(ar + i, gelu_vec<kind>(lo), gelu_vec<kind>(hi));
       }
-      for (int64_t i = vec_end; i < H; ++i) {
-        ar[i] = static_cast<T>(gelu<kind>(static_cast<acc_t>(hr[i])));
+      if (vec_end < H) {  // the last columns as one partial block, as the full ones
+        Vec lo, hi;
+        load_partial<T, acc_t>(hr + vec_end, H - vec_end, lo, hi);
+        store_partial<false>(ar + vec_end, H - vec_end, gelu_vec<kind>(lo), gelu_vec<kind>(hi));
       }
     }
   });
@@ -192,29 +194,26 @@ void dgelu_row(const T* h, T* dg_dh, T* a, acc_type<T>* part1, int64_t H) {
   using Vec = Vectorized<acc_t>;
   static_assert(AccIO::kWidth == IO::kWidth);
   const int64_t vec_end = H - H % IO::kWidth;
-  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+  // The columns from i (kPartial: the `count` from i, the last ones, as one partial block).
+  auto block = [&](auto partial, int64_t i, int64_t count) {
+    constexpr bool kPartial = decltype(partial)::value;
     Vec hlo, hhi, glo, ghi, vlo, vhi, dlo, dhi;
-    IO::load(h + i, hlo, hhi);
-    IO::load(dg_dh + i, glo, ghi);
+    load_block<kPartial>(h + i, count, hlo, hhi);
+    load_block<kPartial>(dg_dh + i, count, glo, ghi);
     gelu_and_grad_vec<kind>(hlo, vlo, dlo);
     gelu_and_grad_vec<kind>(hhi, vhi, dhi);
     dlo = glo * dlo;
     dhi = ghi * dhi;
-    IO::store(a + i, vlo, vhi);
-    IO::store(dg_dh + i, dlo, dhi);
+    store_block<kPartial, false>(a + i, count, vlo, vhi);
+    store_block<kPartial, false>(dg_dh + i, count, dlo, dhi);
     if constexpr (kBias1) {
       Vec plo, phi;
-      AccIO::load(part1 + i, plo, phi);
-      AccIO::store(part1 + i, plo + dlo, phi + dhi);
+      load_block<kPartial>(part1 + i, count, plo, phi);
+      store_block<kPartial, false>(part1 + i, count, plo + dlo, phi + dhi);
     }
-  }
-  for (int64_t i = vec_end; i < H; ++i) {
-    const auto va = gelu_and_grad<kind>(static_cast<acc_t>(h[i]));
-    const acc_t d = static_cast<acc_t>(dg_dh[i]) * va.grad;
-    a[i] = static_cast<T>(va.value);
-    dg_dh[i] = static_cast<T>(d);
-    if constexpr (kBias1) part1[i] += d;
-  }
+  };
+  for (int64_t i = 0; i < vec_end; i += IO::kWidth) block(std::false_type{}, i, IO::kWidth);
+  if (vec_end < H) block(std::true_type{}, vec_end, H - vec_end);
 }
 
 // part += row, elementwise over n values.
@@ -231,7 +230,12 @@ void add_row(const T* row, acc_type<T>* part, int64_t n) {
     AccIO::load(part + i, plo, phi);
     AccIO::store(part + i, plo + lo, phi + hi);
   }
-  for (int64_t i = vec_end; i < n; ++i) part[i] += static_cast<acc_t>(row[i]);
+  if (vec_end < n) {  // the last columns as one partial block
+    Vec lo, hi, plo, phi;
+    load_partial<T, acc_t>(row + vec_end, n - vec_end, lo, hi);
+    load_partial<acc_t, acc_t>(part + vec_end, n - vec_end, plo, phi);
+    store_partial<false>(part + vec_end, n - vec_end, plo + lo, phi + hi);
+  }
 }
 
 // The backward's pass over M rows of one chunk of hidden columns (`cols` wide; h's rows
