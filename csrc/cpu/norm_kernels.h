@@ -129,20 +129,11 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift, const T* 
         mean[r] = (mean[r] + mean[r + width / 2]) * half;
       }
     }
-    constexpr int kLastLanes = Vec::size();
-    acc_t lane_mean[kLastLanes], lane_m2[kLastLanes];
-    mean[0].store(lane_mean);
-    m2[0].store(lane_m2);
-    acc_t mean_sum = 0;
-    for (int l = 0; l < kLastLanes; ++l) mean_sum += lane_mean[l];
-    total.mean = mean_sum / kLastLanes;
-    acc_t m2_sum = 0, spread = 0;
-    for (int l = 0; l < kLastLanes; ++l) {
-      m2_sum += lane_m2[l];
-      const acc_t d = lane_mean[l] - total.mean;
-      spread += d * d;
-    }
-    total.m2 = m2_sum + n * spread;
+    // The lanes of the last register by shuffles (a scalar loop over its lanes was a
+    // chain of dependent additions that each row waited for).
+    total.mean = lane_sum(mean[0]) / acc_t(Vec::size());
+    const Vec d = mean[0] - Vec(total.mean);
+    total.m2 = lane_sum(at::vec::fmadd(d * d, Vec(n), m2[0]));
     total.count = count * kLanes;
   }
   // The tail (fewer than kStep values) in two short passes through the vector code, blocks
