@@ -136,35 +136,55 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift, const T* 
     total.m2 = lane_sum(at::vec::fmadd(d * d, Vec(n), m2[0]));
     total.count = count * kLanes;
   }
-  // The tail (fewer than kStep values) in two short passes through the vector code, blocks
-  // of kWidth zero-padded at the end: its mean, then its M2 around that mean (with AVX-512
-  // a tail is up to 63 values, too many for a scalar loop).
+  // The tail (fewer than kStep values, up to 63 with AVX-512) through the vector code in
+  // blocks of kWidth zero-padded at the end.
   if (vec_end < N) {
-    WelfordState<acc_t> tail;
-    tail.count = acc_t(N - vec_end);
-    // x - shift (- mean) over the block at i, the padded lanes zeroed after the subtraction.
-    auto centered_block = [&](int64_t i, const Vec& mean, Vec& lo, Vec& hi) {
+    // x - shift - center over the block at i, the padded lanes zeroed after the subtraction.
+    auto centered_block = [&](int64_t i, const Vec& center, Vec& lo, Vec& hi) {
       const int64_t count = std::min<int64_t>(IO::kWidth, N - i);
       load_partial<T, acc_t>(x + i, count, lo, hi);
-      lo = lo - vshift - mean;
-      hi = hi - vshift - mean;
+      lo = lo - vshift - center;
+      hi = hi - vshift - center;
       keep_first_lanes(count, lo, hi);
     };
-    Vec sum(0);
-    for (int64_t i = vec_end; i < N; i += IO::kWidth) {
-      Vec lo, hi;
-      centered_block(i, Vec(0), lo, hi);
-      sum = sum + (lo + hi);
+    if (vec_end > 0) {
+      // One pass: the sums S1 and S2 of d = x - shift - mean, around the mean of the row's
+      // other values, which the total then takes in as mean += S1 / n and
+      // M2 += S2 - S1^2 / n (exact algebra; S1^2 / n <= S2 * tail / n < S2 / 2, the tail
+      // being under half the row: no cancellation). Two passes (the tail's own mean, then
+      // its M2, then Chan's merge) were a chain of dependent steps that each row waited for.
+      const Vec center(total.mean);
+      Vec s1(0), s2(0);
+      for (int64_t i = vec_end; i < N; i += IO::kWidth) {
+        Vec lo, hi;
+        centered_block(i, center, lo, hi);
+        s1 = s1 + (lo + hi);
+        s2 = at::vec::fmadd(lo, lo, at::vec::fmadd(hi, hi, s2));
+      }
+      const acc_t n = acc_t(N), sum1 = lane_sum(s1), sum2 = lane_sum(s2);
+      total.mean += sum1 / n;
+      total.m2 += sum2 - sum1 * sum1 / n;
+      total.count = n;
+    } else {
+      // A row shorter than kStep: two passes, its mean, then its M2 around that mean.
+      WelfordState<acc_t> tail;
+      tail.count = acc_t(N);
+      Vec sum(0);
+      for (int64_t i = 0; i < N; i += IO::kWidth) {
+        Vec lo, hi;
+        centered_block(i, Vec(0), lo, hi);
+        sum = sum + (lo + hi);
+      }
+      tail.mean = lane_sum(sum) / tail.count;
+      Vec m2_sum(0);
+      for (int64_t i = 0; i < N; i += IO::kWidth) {
+        Vec lo, hi;
+        centered_block(i, Vec(tail.mean), lo, hi);
+        m2_sum = at::vec::fmadd(lo, lo, at::vec::fmadd(hi, hi, m2_sum));
+      }
+      tail.m2 = lane_sum(m2_sum);
+      total = tail;
     }
-    tail.mean = lane_sum(sum) / tail.count;
-    Vec m2_sum(0);
-    for (int64_t i = vec_end; i < N; i += IO::kWidth) {
-      Vec lo, hi;
-      centered_block(i, Vec(tail.mean), lo, hi);
-      m2_sum = at::vec::fmadd(lo, lo, at::vec::fmadd(hi, hi, m2_sum));
-    }
-    tail.m2 = lane_sum(m2_sum);
-    total.merge(tail);
   }
   return total;
 }
