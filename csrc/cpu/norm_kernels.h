@@ -356,6 +356,31 @@ inline bool forward_prefetches(int64_t N) {
   return sizeof(T) == 2 || (row_bytes >= 8 * 1024 && row_bytes <= 16 * 1024);
 }
 
+// What normalizing a row needs: its shift (LayerNorm: x[0]; RMSNorm: 0), the mean of
+// x - shift (RMSNorm: 0) and rstd.
+template <typename acc_t>
+struct RowMoments {
+  acc_t shift = 0, mean = 0, rstd = 0;
+};
+
+// The statistics sweep of one row and its rstd; prefetch_row (LayerNorm only; may be null):
+// a row of the same length to ask for along the way.
+template <typename T, typename acc_t, bool kCentered>
+RowMoments<acc_t> row_moments(const T* x, int64_t N, acc_t eps, const T* prefetch_row) {
+  RowMoments<acc_t> m;
+  if constexpr (kCentered) {
+    m.shift = N > 0 ? static_cast<acc_t>(x[0]) : acc_t(0);
+    const WelfordState<acc_t> stats =
+        prefetch_row != nullptr ? row_statistics<T, acc_t, true>(x, N, m.shift, prefetch_row)
+                                : row_statistics<T, acc_t, false>(x, N, m.shift);
+    m.mean = stats.mean;
+    m.rstd = acc_t(1) / std::sqrt(stats.variance() + eps);
+  } else {
+    m.rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(x, N) + eps);
+  }
+  return m;
+}
+
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
 void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const int64_t N = a.N;
@@ -369,59 +394,77 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   // bfloat16 1.2-1.45 -> 1.0-1.15).
   const bool stage_sum = a.residual != nullptr && stream &&
                          N * int64_t(sizeof(T)) <= kStageBytes && pages_resident(a.sum, bytes);
+  // float16/bfloat16 rows ask for a later row's inputs while one computes (1 thread,
+  // 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element). float32/float64 rows of 8-16 KiB
+  // do too (2 threads, two builds in turns, 4 rounds, 16384 rows: float32 2048 wide
+  // 5.8-6.7 -> 4.6-6.0 ms, 4096 wide 11.3-11.7 -> 10.1-10.7, float64 2048 wide 11.1-11.5
+  // -> 10.1-10.7); shorter ones already keep memory busy and lost up to 2x to the extra
+  // requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32 KiB ones 5% (float64
+  // 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks for the input row during its
+  // statistics sweep: asked during the normalize sweep, which in-order widening and
+  // AVX512_BF16 rounding made short, they came too late (2 threads, 16384 x 4096
+  // bfloat16: 0.112 -> 0.145 ns per element; 0.113 from the statistics sweep). RMSNorm's
+  // statistics sweep is one fma per register, and a residual's row still comes during the
+  // normalize sweep. Two rows ahead of the statistics sweep, not the next: short rows
+  // asked for the next one too late (2 threads, out of cache: 768 wide 0.14 -> 0.12 ns per
+  // element, 1024 wide 0.13 -> 0.12; 2048-4096 the same).
+  constexpr int64_t kAhead = 2;
+  const bool prefetches = forward_prefetches<T>(N);
+  const bool statistics_ahead = !kCentered && sizeof(T) == 2 && a.residual == nullptr &&
+                                N * int64_t(sizeof(T)) <= 8 * 1024;
   at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
     alignas(kCacheLine) char sum_stage[kStageBytes];
-    for (int64_t row = begin; row < end; ++row) {
-      const T* xr = a.x + row * N;
-      // float16/bfloat16 rows ask for a later row's inputs while this one computes (1
-      // thread, 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element). float32/float64 rows
-      // of 8-16 KiB do too (2 threads, two builds in turns, 4 rounds, 16384 rows: float32
-      // 2048 wide 5.8-6.7 -> 4.6-6.0 ms, 4096 wide 11.3-11.7 -> 10.1-10.7, float64 2048
-      // wide 11.1-11.5 -> 10.1-10.7); shorter ones already keep memory busy and lost up to
-      // 2x to the extra requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32 KiB
-      // ones 5% (float64 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks
-      // for the input row during its statistics sweep: asked during the normalize
-      // sweep, which in-order widening and AVX512_BF16 rounding made short, they came too
-      // late (2 threads, 16384 x 4096 bfloat16: 0.112 -> 0.145 ns per element; 0.113 from
-      // the statistics sweep). RMSNorm's statistics sweep is one fma per register, and a
-      // residual's row still comes during the normalize sweep. Two rows ahead, not the
-      // next: short rows asked for the next one too late (2 threads, out of cache: 768
-      // wide 0.14 -> 0.12 ns per element, 1024 wide 0.13 -> 0.12; 2048-4096 the same).
-      constexpr int64_t kAhead = 2;
-      const bool prefetch = forward_prefetches<T>(N) && row + kAhead < end;
-      const T* next_x = prefetch ? a.x + (row + kAhead) * N : nullptr;
-      const T* next_residual =
-          prefetch && a.residual != nullptr ? a.residual + (row + kAhead) * N : nullptr;
-      if (a.residual != nullptr) {  // normalize the sum, read back from cache
-        T* sr = stage_sum ? reinterpret_cast<T*>(sum_stage) : a.sum + row * N;
-        add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
-        if (stage_sum) stream_copy(a.sum + row * N, sr, N * int64_t(sizeof(T)));
-        xr = sr;
-      }
+    // Row `row` of base to prefetch, or null (no prefetch, no such tensor or row).
+    auto ahead = [&](const T* base, int64_t row) -> const T* {
+      return prefetches && base != nullptr && row < end ? base + row * N : nullptr;
+    };
+    // Writes a row's statistics and normalizes x (its input, or the sum) into y.
+    auto normalize = [&](int64_t row, const T* x, const RowMoments<acc_t>& m,
+                         const T* next_a, const T* next_b) {
+      const acc_t mean = m.shift + m.mean;
+      if constexpr (kCentered) a.mean[row] = mean;
+      a.rstd[row] = m.rstd;
       T* yr = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.y + row * N;
-      const bool stream_row = path == OutputPath::kStream;
-      if constexpr (kCentered) {
-        const acc_t shift = N > 0 ? static_cast<acc_t>(xr[0]) : acc_t(0);
-        const WelfordState<acc_t> stats =
-            next_x != nullptr ? row_statistics<T, acc_t, true>(xr, N, shift, next_x)
-                              : row_statistics<T, acc_t, false>(xr, N, shift);
-        const acc_t rstd = acc_t(1) / std::sqrt(stats.variance() + a.eps);
-        a.mean[row] = shift + stats.mean;
-        a.rstd[row] = rstd;
-        // x - shift is exact for the values near shift where it matters, so y keeps the
-        // precision of the shifted statistics.
-        normalize_row<T, acc_t, kWeight, kBias>(
-            xr, yr, N, shift, stats.mean, rstd, a.weight, a.bias, stream_row,
-            row_output_has_no_nan(a.params_finite, a.mean[row], rstd), nullptr, next_residual);
-      } else {
-        const acc_t rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(xr, N) + a.eps);
-        a.rstd[row] = rstd;
-        normalize_row<T, acc_t, kWeight, false>(
-            xr, yr, N, acc_t(0), acc_t(0), rstd, a.weight, nullptr, stream_row,
-            row_output_has_no_nan(a.params_finite, acc_t(0), rstd), next_x, next_residual);
-      }
+      // x - shift is exact for the values near shift where it matters, so y keeps the
+      // precision of the shifted statistics.
+      normalize_row<T, acc_t, kWeight, kCentered && kBias>(
+          x, yr, N, m.shift, m.mean, m.rstd, a.weight, a.bias, path == OutputPath::kStream,
+          row_output_has_no_nan(a.params_finite, mean, m.rstd), next_a, next_b);
       if (path == OutputPath::kStaged) stream_copy(a.y + row * N, stage, N * int64_t(sizeof(T)));
+    };
+    if (statistics_ahead) {
+      // RMSNorm's float16/bfloat16 statistics run one row ahead of its normalize sweep: a
+      // row's lane sum, sqrt and division are a chain of dependent steps that the normalize
+      // sweep would wait for, and behind the next row's statistics sweep it costs nothing
+      // (1 thread in cache, rounds in turns, ns per row: bfloat16 768 wide 111-134 ->
+      // 98-106, 1000 wide 151-165 -> 134-137, 2048 wide 268-297 -> 247-251; float16 1000
+      // wide 163-169 -> 147-153). float32 rows gained nothing (2048 wide lost 5%), nor did
+      // LayerNorm's (float32 1000 wide lost 3%) or rows of 16 KiB, which with the next row
+      // outgrow L1 (float32 4096 wide RMSNorm lost 10%).
+      auto moments = [&](int64_t row) {
+        return row_moments<T, acc_t, kCentered>(a.x + row * N, N, a.eps, nullptr);
+      };
+      RowMoments<acc_t> current = moments(begin);
+      for (int64_t row = begin; row < end; ++row) {
+        const RowMoments<acc_t> next = row + 1 < end ? moments(row + 1) : RowMoments<acc_t>{};
+        normalize(row, a.x + row * N, current, ahead(a.x, row + 1 + kAhead), nullptr);
+        current = next;
+      }
+    } else {
+      for (int64_t row = begin; row < end; ++row) {
+        const T* xr = a.x + row * N;
+        if (a.residual != nullptr) {  // normalize the sum, read back from cache
+          T* sr = stage_sum ? reinterpret_cast<T*>(sum_stage) : a.sum + row * N;
+          add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
+          if (stage_sum) stream_copy(a.sum + row * N, sr, N * int64_t(sizeof(T)));
+          xr = sr;
+        }
+        const T* next_x = ahead(a.x, row + kAhead);
+        const RowMoments<acc_t> m =
+            row_moments<T, acc_t, kCentered>(xr, N, a.eps, kCentered ? next_x : nullptr);
+        normalize(row, xr, m, kCentered ? nullptr : next_x, ahead(a.residual, row + kAhead));
+      }
     }
     if (stream) streaming_fence();
   });
