@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,14 +24,24 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 NORMS = ("torch", "fused")
 
 
 def run_once(norm: str, steps: int, extra: list[str], scratch: Path) -> dict:
     out = scratch / f"{norm}-{len(list(scratch.iterdir()))}"
+    # This checkout's fusednorm first on the path: the results are stamped with its commit,
+    # so the fused runs must not import another copy (an editable install of another clone).
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     subprocess.run([sys.executable, str(HERE / "train_gpt.py"), "--norm", norm, "--steps",
-                    str(steps), "--out", str(out), "--no-progress", *extra], check=True)
-    return json.loads((out / "metrics.json").read_text())
+                    str(steps), "--out", str(out), "--no-progress", *extra], check=True, env=env)
+    metrics = json.loads((out / "metrics.json").read_text())
+    source = metrics.get("fusednorm_file")
+    if norm == "fused" and (source is None or not Path(source).is_relative_to(REPO)):
+        raise SystemExit(f"the fused run imported fusednorm from {source}, not from {REPO}, "
+                         "whose commit the results would name")
+    return metrics
 
 
 def summarize(runs: list[dict]) -> dict:

@@ -201,6 +201,8 @@ def train(args: argparse.Namespace) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "commit": git_commit(),
+        # Where fusednorm came from (None when it was not imported: --norm torch).
+        "fusednorm_file": getattr(sys.modules.get("fusednorm"), "__file__", None),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
