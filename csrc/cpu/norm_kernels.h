@@ -85,7 +85,7 @@ inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& in
 // running mean does not lose the noise to rounding (its mean is shift + the result's).
 // Four independent accumulator registers hide the latency of the dependent Welford chain
 // (two 512-bit ones were slower in cache); their lanes, which all hold the same count, are
-// merged with Chan's formula, then the tail's own mean and M2 are merged in. kPrefetch: next
+// merged with Chan's formula, then the tail is taken in around their mean. kPrefetch: next
 // is a row of the same length to prefetch along the way (a template flag, not a null test,
 // so that rows which never prefetch keep a loop without the branch).
 template <typename T, typename acc_t, bool kPrefetch = false>
