@@ -3,6 +3,7 @@ in alternating runs (torch, fused, torch, fused, ...) so that a machine that spe
 slows down during the measurement affects both sides alike.
 
     python examples/compare_speed.py OUT_DIR [--rounds 3] [--steps 30] [train_gpt.py options]
+    python examples/compare_speed.py OUT_DIR --interleave [--rounds 3] [--steps 30] [...]
 
 Each run is a fresh `examples/train_gpt.py` process (same seed, same data). Two rates per
 run: tokens/s over the run's elapsed time, and the rate of its median step (a step that a
@@ -11,6 +12,14 @@ rounds of fused / torch median-step rates, each round's two runs adjacent in tim
 machine that drifts between rounds cancels out of it); the ratio of the medians of the
 elapsed-time rates is given too. Writes OUT_DIR/speed.json (every run's rates, the medians,
 the ratios, device and versions) and OUT_DIR/speed.md (the same as a table), and prints it.
+
+--interleave: a machine whose speed changes within seconds (a shared VM) moves the rates of
+adjacent runs apart by more than the difference measured. Then each round trains one model
+of each norm in one process (this checkout's fusednorm), their steps alternating (torch
+first in one pair of steps, fused first in the next), and each pair's ratio of step times
+is taken a fraction of a second apart. The ratio stated first is the median over all timed
+pairs of torch step time / fused step time; the ratio of the summed step times is given too.
+Writes OUT_DIR/interleaved.json and OUT_DIR/interleaved.md.
 """
 from __future__ import annotations
 
@@ -102,14 +111,104 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def interleaved_rounds(rounds: int, steps: int, extra: list[str]) -> list[dict]:
+    """Per round: a model of each norm trained in this process, one step of each in turn;
+    returns each round's two metrics dicts (train_gpt's), torch's first."""
+    # This checkout's fusednorm and the example's modules, as in run_once's processes.
+    for path in (str(HERE), str(REPO)):
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+    from train_gpt import Trainer, parse_args
+
+    results = []
+    for _ in range(rounds):
+        trainers = {norm: Trainer(parse_args(["--norm", norm, "--steps", str(steps),
+                                              "--out", os.devnull, "--no-progress", *extra]))
+                    for norm in NORMS}
+        for step in range(steps):
+            for norm in NORMS if step % 2 == 0 else reversed(NORMS):
+                trainers[norm].step()
+        results.append({norm: trainer.metrics() for norm, trainer in trainers.items()})
+    source = results[0]["fused"].get("fusednorm_file")
+    if source is None or not Path(source).is_relative_to(REPO):
+        raise SystemExit(f"the fused model imported fusednorm from {source}, not from {REPO}, "
+                         "whose commit the results would name")
+    return results
+
+
+def summarize_interleaved(results: list[dict]) -> dict:
+    # Step i of either model ran right after or before step i of the other.
+    pair_ratios = [t / f for r in results
+                   for t, f in zip(r["torch"]["step_ms"], r["fused"]["step_ms"])]
+    total_ms = {n: sum(sum(r[n]["step_ms"]) for r in results) for n in NORMS}
+    first = results[0]["torch"]
+    return {
+        "device": first["device"], "device_kind": first["device_kind"],
+        "threads": first["threads"], "torch": first["torch"], "commit": first["commit"],
+        "date": first["date"], "config": first["config"], "rounds": len(results),
+        "step_ms": {n: [r[n]["step_ms"] for r in results] for n in NORMS},
+        "pair_ratios": pair_ratios,
+        "fused_speedup_by_pair": statistics.median(pair_ratios),
+        "pairs_fused_ahead": sum(r > 1 for r in pair_ratios),
+        "fused_speedup_by_total": total_ms["torch"] / total_ms["fused"],
+        "median_step_ms": {n: statistics.median(ms for r in results for ms in r[n]["step_ms"])
+                           for n in NORMS},
+        "final_loss": {n: [r[n]["losses"][-1] for r in results] for n in NORMS},
+    }
+
+
+def markdown_interleaved(summary: dict) -> str:
+    cfg = summary["config"]
+    ratios = sorted(summary["pair_ratios"])
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    lines = [
+        f"# Example GPT training speed on {summary['device']}, steps interleaved",
+        "",
+        f"{summary['device_kind']}, {summary['threads']} threads, torch {summary['torch']}, "
+        f"commit `{summary['commit']}`, {summary['date']}; {cfg['n_layer']} layers, "
+        f"d_model {cfg['d_model']}, batch {cfg['batch_size']} x {cfg['block_size']} tokens, "
+        f"{cfg['amp']}, {summary['rounds']} rounds of {cfg['steps']} steps per model (the "
+        "first tenth untimed). In each round one model of each norm trains in one process, "
+        "their steps alternating (torch first, then fused first, ...).",
+        "",
+        "| norm | median step ms | summed step ms | final loss per round |",
+        "|---|--:|--:|---|",
+    ]
+    for n in NORMS:
+        total = sum(sum(ms) for ms in summary["step_ms"][n])
+        losses = ", ".join(f"{v:.4f}" for v in summary["final_loss"][n])
+        lines.append(f"| {n} | {summary['median_step_ms'][n]:.1f} | {total:.0f} | {losses} |")
+    lines += [
+        "",
+        f"fused speed-up (torch step time / fused step time), median over "
+        f"{len(ratios)} pairs of adjacent steps: **{summary['fused_speedup_by_pair']:.3f}x** "
+        f"(fused faster in {summary['pairs_fused_ahead']} pairs; quartiles "
+        f"{quartiles[0]:.3f}, {quartiles[2]:.3f}; range {ratios[0]:.3f}-{ratios[-1]:.3f})",
+        "",
+        f"fused speed-up, summed step times: {summary['fused_speedup_by_total']:.3f}x",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=3, help="runs of each norm")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--interleave", action="store_true",
+                        help="alternate the two models' steps in one process (see above)")
     args, extra = parser.parse_known_args(argv)
     if args.rounds < 1 or args.steps < 2:
         parser.error("--rounds must be >= 1 and --steps >= 2")
+    if args.interleave:
+        summary = summarize_interleaved(interleaved_rounds(args.rounds, args.steps, extra))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "interleaved.json").write_text(json.dumps(summary, indent=1) + "\n")
+        md = markdown_interleaved(summary)
+        (args.out / "interleaved.md").write_text(md)
+        print(md)
+        return summary
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for _ in range(args.rounds):

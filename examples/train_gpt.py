@@ -125,86 +125,112 @@ def evaluate(model, corpus: ByteCorpus, config: GPTConfig, batch_size: int, devi
     return total / batches
 
 
+class Trainer:
+    """One training run the arguments describe, a step at a time: train() runs its steps
+    one after another; examples/compare_speed.py --interleave alternates the steps of two
+    (one per norm) in one process."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.device = torch.device(args.device)
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
+        self.config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer,
+                                n_head=args.n_head, d_model=args.d_model)
+        self.corpus = ByteCorpus(stdlib_docstrings(args.corpus_bytes))
+        self.model = build_model(self.config, args.norm, args.seed, self.device)
+        self.step_model = torch.compile(self.model) if args.compile else self.model
+        self.optimizer = make_optimizer(self.model, args.lr)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.generator = torch.Generator().manual_seed(args.seed)
+        # Steps before this one (compilation, allocator warm-up) are left out of tokens/s.
+        self.first_timed = min(args.steps - 1, max(1, args.steps // 10))
+        self.steps_done = 0
+        self.losses: list[float] = []
+        self.step_seconds: list[float] = []  # wall time of each timed step
+        self.start = self.end = 0.0  # the timed steps' first start and last end
+
+    def autocast(self):
+        if self.args.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def step(self) -> float | None:
+        """Runs the next optimizer step; returns its wall time in seconds if it is timed."""
+        step, args, device = self.steps_done, self.args, self.device
+        step_start = time.perf_counter()
+        if step == self.first_timed:
+            self.start = step_start
+        x, y = self.corpus.batch("train", args.batch_size, self.config.block_size, self.generator)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr)
+        with self.autocast():
+            _, loss = self.step_model(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.losses.append(loss.item())  # waits for the step to finish
+        self.end = time.perf_counter()
+        self.steps_done += 1
+        if step < self.first_timed:
+            return None
+        self.step_seconds.append(self.end - step_start)
+        return self.step_seconds[-1]
+
+    def metrics(self) -> dict:
+        """The run's metrics (see main()); tokens_per_s is over the wall time from the first
+        timed step's start to the last step's end."""
+        args, config, model = self.args, self.config, self.model
+        tokens_per_step = args.batch_size * config.block_size
+        timed_steps = args.steps - self.first_timed
+        peak_mb, peak_kind = peak_memory_mb(self.device)
+        norm_cls, ffn_cls = type(model.ln_f), type(model.blocks[0].ffn)
+        return {
+            "norm": args.norm,
+            "norm_class": f"{norm_cls.__module__}.{norm_cls.__qualname__}",
+            "ffn_class": f"{ffn_cls.__module__}.{ffn_cls.__qualname__}",
+            "losses": self.losses,
+            "val_loss": evaluate(model, self.corpus, config, args.batch_size, self.device,
+                                 self.autocast, args.seed),
+            "tokens_per_s": timed_steps * tokens_per_step / (self.end - self.start),
+            # The median step's rate: a step that a busy machine slowed down moves it less.
+            "median_step_tokens_per_s": tokens_per_step / statistics.median(self.step_seconds),
+            "step_ms": [1e3 * s for s in self.step_seconds],
+            "timed_steps": timed_steps,
+            "peak_mem_mb": peak_mb,
+            "peak_mem_kind": peak_kind,
+            "config": {
+                **config.to_dict(),
+                "steps": args.steps, "seed": args.seed, "batch_size": args.batch_size,
+                "lr": args.lr, "amp": args.amp or "fp32", "compile": args.compile,
+                "corpus_bytes": self.corpus.num_bytes, "corpus_sha256": self.corpus.sha256,
+                "parameters": sum(p.numel() for p in model.parameters()),
+            },
+            "device": device_name(self.device),
+            "device_kind": self.device.type,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "commit": git_commit(),
+            # Where fusednorm came from (None when it was not imported: --norm torch).
+            "fusednorm_file": getattr(sys.modules.get("fusednorm"), "__file__", None),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+
 def train(args: argparse.Namespace) -> dict:
     """Runs the training the arguments describe and returns the metrics (see main())."""
-    device = torch.device(args.device)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                       d_model=args.d_model)
-    corpus = ByteCorpus(stdlib_docstrings(args.corpus_bytes))
-    model = build_model(config, args.norm, args.seed, device)
-    step_model = torch.compile(model) if args.compile else model
-    optimizer = make_optimizer(model, args.lr)
-
-    def autocast():
-        if args.amp is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    generator = torch.Generator().manual_seed(args.seed)
-    # Steps before this one (compilation, allocator warm-up) are left out of tokens/s.
-    first_timed = min(args.steps - 1, max(1, args.steps // 10))
-    losses: list[float] = []
-    step_seconds: list[float] = []  # wall time of each timed step
+    trainer = Trainer(args)
     progress = tqdm(range(args.steps), desc=f"{args.norm} {args.device}",
                     disable=args.no_progress, dynamic_ncols=True)
-    for step in progress:
-        step_start = time.perf_counter()
-        if step == first_timed:
-            start = step_start
-        x, y = corpus.batch("train", args.batch_size, config.block_size, generator)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
-        with autocast():
-            _, loss = step_model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())  # waits for the step to finish
-        if step >= first_timed:
-            step_seconds.append(time.perf_counter() - step_start)
-        progress.set_postfix(loss=f"{losses[-1]:.4f}")
-    elapsed = time.perf_counter() - start
-    timed_steps = args.steps - first_timed
-    peak_mb, peak_kind = peak_memory_mb(device)
-    norm_cls, ffn_cls = type(model.ln_f), type(model.blocks[0].ffn)
-    return {
-        "norm": args.norm,
-        "norm_class": f"{norm_cls.__module__}.{norm_cls.__qualname__}",
-        "ffn_class": f"{ffn_cls.__module__}.{ffn_cls.__qualname__}",
-        "losses": losses,
-        "val_loss": evaluate(model, corpus, config, args.batch_size, device, autocast, args.seed),
-        "tokens_per_s": timed_steps * args.batch_size * config.block_size / elapsed,
-        # The median step's rate: a step that a busy machine slowed down moves it less.
-        "median_step_tokens_per_s":
-            args.batch_size * config.block_size / statistics.median(step_seconds),
-        "step_ms": [1e3 * s for s in step_seconds],
-        "timed_steps": timed_steps,
-        "peak_mem_mb": peak_mb,
-        "peak_mem_kind": peak_kind,
-        "config": {
-            **config.to_dict(),
-            "steps": args.steps, "seed": args.seed, "batch_size": args.batch_size,
-            "lr": args.lr, "amp": args.amp or "fp32", "compile": args.compile,
-            "corpus_bytes": corpus.num_bytes, "corpus_sha256": corpus.sha256,
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-        "device": device_name(device),
-        "device_kind": device.type,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "commit": git_commit(),
-        # Where fusednorm came from (None when it was not imported: --norm torch).
-        "fusednorm_file": getattr(sys.modules.get("fusednorm"), "__file__", None),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    for _ in progress:
+        trainer.step()
+        progress.set_postfix(loss=f"{trainer.losses[-1]:.4f}")
+    return trainer.metrics()
 
 
 def main(argv: list[str] | None = None) -> dict:

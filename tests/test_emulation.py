@@ -242,6 +242,38 @@ def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
         assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
 
 
+def outlier_cases(t, p):
+    """(case line, expected clustered launches) of LayerNorm forwards whose rows each have
+    one of their first three values 1000 times the row's scale from the rest (which one
+    varies by row): the 16-byte and one-element paths, the chunked three-launch path (its
+    merge kernel finds the shift again) and the clustered one, with and without a residual."""
+    vec = 16 // SIZE[t]
+    big = largest_row("fwd", t, True)
+    sizes = [(256 * vec, "", 0), (1000 * vec, "", 0), (4095, "", 0), (2 * big, "", 0),
+             (2 * big, " clusters", 1), (2 * largest_row("fwd", t, False) + 1, " clusters", 1),
+             (512 * vec, " res", 0),
+             (2 * big, " res", 0)]
+    return [(f"fwd {t} {p} {rows_for(n)} {n} {AFFINE[i % len(AFFINE)]} 0 0 "
+             f"{ORDERS[i % len(ORDERS)]} 2{extra} outlier", clustered)
+            for i, (n, extra, clustered) in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_layer_norm_outlier_first_values(harness, t, p):
+    """A feature far from the others among a row's first three values: the statistics'
+    shift (their median) and y = ((x - mean) - rest) * rstd keep y within 16 units of the
+    accumulator's rounding of float64. Shifting by the first value alone lost about sqrt(N)
+    units in every output (float32 and float64 failed here before)."""
+    cases = outlier_cases(t, p)
+    code, out, err = run_cases(harness, [line for line, _ in cases])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    failures = [line for line in results if line.startswith("FAIL")]
+    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
+    assert len(results) == len(cases)
+    for (line, clustered), result in zip(cases, results):
+        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+
+
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_emulated_layer_norm_kernels(harness, pass_, t, p):

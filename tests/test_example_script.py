@@ -128,3 +128,27 @@ def test_compare_speed_alternates_runs(tmp_path):
     assert summary["fused_over_torch_by_round"] == pytest.approx(sum(ratios) / 2)
     assert summary["rounds_fused_ahead"] == sum(r > 1 for r in ratios)
     assert (tmp_path / "speed.md").read_text().startswith("# Example GPT training speed on ")
+
+
+def test_compare_speed_interleaves_steps(tmp_path):
+    """examples/compare_speed.py --interleave: per round one model of each norm in one
+    process, steps alternating; the stated speed-ups come from the recorded step times, and
+    the two models of a round train alike (same seed and batches)."""
+    _run("compare_speed.py", str(tmp_path), "--interleave", "--rounds", "2", "--steps", "4",
+         "--device", "cpu", *TINY_ARGS)
+    summary = json.loads((tmp_path / "interleaved.json").read_text())
+    assert summary["rounds"] == 2
+    torch_ms, fused_ms = summary["step_ms"]["torch"], summary["step_ms"]["fused"]
+    # 4 steps: the first untimed, 3 timed per model and round.
+    assert [len(r) for r in torch_ms] == [len(r) for r in fused_ms] == [3, 3]
+    ratios = [t / f for tr, fr in zip(torch_ms, fused_ms) for t, f in zip(tr, fr)]
+    assert summary["pair_ratios"] == pytest.approx(ratios)
+    assert summary["fused_speedup_by_pair"] == pytest.approx(statistics.median(ratios))
+    assert summary["pairs_fused_ahead"] == sum(r > 1 for r in ratios)
+    totals = [sum(map(sum, ms)) for ms in (torch_ms, fused_ms)]
+    assert summary["fused_speedup_by_total"] == pytest.approx(totals[0] / totals[1])
+    for torch_loss, fused_loss in zip(summary["final_loss"]["torch"], summary["final_loss"]["fused"]):
+        assert fused_loss == pytest.approx(torch_loss, rel=1e-4)
+    assert summary["final_loss"]["torch"][0] == summary["final_loss"]["torch"][1]
+    md = (tmp_path / "interleaved.md").read_text()
+    assert md.startswith("# Example GPT training speed on ") and "steps interleaved" in md

@@ -80,9 +80,10 @@ inline void welford_step(const Vectorized<acc_t>& x, const Vectorized<acc_t>& in
   m2 = at::vec::fmadd(delta, x - mean, m2);
 }
 
-// Mean and M2 of one row in a single pass, over x - shift: with shift = x[0], the values
-// Welford accumulates are small even when the row sits far from zero (1e4 + noise), so the
-// running mean does not lose the noise to rounding (its mean is shift + the result's).
+// Mean and M2 of one row in a single pass, over x - shift: with shift a value of the row,
+// the values Welford accumulates are small even when the row sits far from zero (1e4 +
+// noise), so the running mean does not lose the noise to rounding (its mean is shift + the
+// result's).
 // Four independent accumulator registers hide the latency of the dependent Welford chain
 // (two 512-bit ones were slower in cache); their lanes, which all hold the same count, are
 // merged with Chan's formula, then the tail is taken in around their mean. kPrefetch: next
@@ -356,16 +357,8 @@ inline bool forward_prefetches(int64_t N) {
   return sizeof(T) == 2 || (row_bytes >= 8 * 1024 && row_bytes <= 16 * 1024);
 }
 
-// a + b as the nearest acc_t and the exact rest (Fast2Sum: the larger magnitude first).
-template <typename acc_t>
-inline std::pair<acc_t, acc_t> nearest_and_rest(acc_t a, acc_t b) {
-  if (std::abs(a) < std::abs(b)) std::swap(a, b);
-  const acc_t sum = a + b;
-  return {sum, b - (sum - a)};
-}
-
-// What normalizing a row needs: its shift (LayerNorm: x[0]; RMSNorm: 0), the mean of
-// x - shift (RMSNorm: 0) and rstd.
+// What normalizing a row needs: its shift (LayerNorm: median_of_three; RMSNorm: 0), the
+// mean of x - shift (RMSNorm: 0) and rstd.
 template <typename acc_t>
 struct RowMoments {
   acc_t shift = 0, mean = 0, rstd = 0;
@@ -377,17 +370,10 @@ template <typename T, typename acc_t, bool kCentered>
 RowMoments<acc_t> row_moments(const T* x, int64_t N, acc_t eps, const T* prefetch_row) {
   RowMoments<acc_t> m;
   if constexpr (kCentered) {
-    // The shift: the median of the row's first three values. Any value near the bulk of
-    // the row keeps what Welford accumulates small (a row at 1e4 + noise); the first value
-    // alone failed where it was an outlier, as a feature far from the others is (x[0] 1000
-    // sigma from the rest, 768-4096 wide: outputs 2-4e-6 from float64 where PyTorch's are
-    // 3-6e-8; with the median about PyTorch's). The first three share the row's first
-    // cache line: a value from farther along the row (its middle, its last) would have to
-    // come from memory, where the row is not yet cached, before the sweep could start.
+    // The shift: see median_of_three.
     if (N >= 3) {
-      const acc_t a = static_cast<acc_t>(x[0]), b = static_cast<acc_t>(x[1]),
-                  c = static_cast<acc_t>(x[2]);
-      m.shift = std::max(std::min(a, b), std::min(std::max(a, b), c));
+      m.shift = median_of_three(static_cast<acc_t>(x[0]), static_cast<acc_t>(x[1]),
+                                static_cast<acc_t>(x[2]));
     } else if (N > 0) {
       m.shift = static_cast<acc_t>(x[0]);
     }

@@ -326,7 +326,7 @@ struct FwdParams {
   acc_t* rstd;
   // kPartial: [M, chunks, 3] (mean, m2, count) of x - shift; not CENTERED: (sum of x^2, 0, 0)
   acc_t* partial;
-  acc_t* shifted_mean;  // kApply, CENTERED: [M] mean of x - shift, shift = the row's first element
+  acc_t* mean_rest;  // kApply, CENTERED: [M] what the float mean lost (nearest_and_rest)
   int64_t M, N;
   int64_t chunk, chunks;
   acc_t eps;
@@ -340,9 +340,21 @@ __device__ __forceinline__ T normalized_input(const T* x, const T* residual, int
   return residual != nullptr ? static_cast<T>(to_acc(x[i]) + to_acc(residual[i])) : x[i];
 }
 
-// Statistics are taken of x - shift with shift = the row's first element (as the CPU
-// kernel does), so that a row far from zero (1e4 + noise) keeps the noise's precision;
-// mean = shift + mean(x - shift), y = (x - shift - mean(x - shift)) * rstd * w + b.
+// The shift of a LayerNorm row of N > 0 values starting at row_start (median_of_three). The
+// same in every chunk of a row: all read the row's first values.
+template <typename T>
+__device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual,
+                                                   int64_t row_start, int64_t N) {
+  const acc_type_t<T> first = to_acc(normalized_input(x, residual, row_start));
+  if (N < 3) return first;
+  return median_of_three(first, to_acc(normalized_input(x, residual, row_start + 1)),
+                         to_acc(normalized_input(x, residual, row_start + 2)));
+}
+
+// Statistics are taken of x - shift with shift = the median of the row's first three
+// values (row_shift, as the CPU kernel does), so that a row far from zero (1e4 + noise)
+// keeps the noise's precision; shift + mean(x - shift) = mean + rest (nearest_and_rest),
+// y = ((x - mean) - rest) * rstd * w + b, so that the shift never reaches y.
 // At most 64 registers per thread, so that 1024 threads per multiprocessor stay resident
 // whatever the bucket (the largest hold 32 registers of packs): several rows in flight per
 // multiprocessor let one row's loads overlap another's reductions. The exceptions, at 128
@@ -417,11 +429,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           valid = i + 1;
         }
       }
-      const acc_t shift = CENTERED && row_ok && p.N > 0
-                              ? to_acc(normalized_input(p.x, p.residual, row_start))
-                              : acc_t(0);
-
-      acc_t mean_s = 0, rstd = 0;
+      // y = ((x - mean) - mean_rest) * rstd (RMSNorm: both 0).
+      acc_t mean = 0, mean_rest = 0, rstd = 0;
       if (p.mode != kApply && !CENTERED) {
         // RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps).
         acc_t sum_sq = 0, unused = 0;
@@ -454,6 +463,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       } else if (p.mode != kApply) {
         // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
         // packs in order, so every update's 1/count is a compile-time constant.
+        const acc_t shift =
+            row_ok && p.N > 0 ? row_shift(p.x, p.residual, row_start, p.N) : acc_t(0);
         constexpr int kLanes = kWelfordLanes<VEC>;
         acc_t lane_mean[kLanes], lane_m2[kLanes];
 #pragma unroll
@@ -488,14 +499,19 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           }
           continue;
         }
-        mean_s = s.mean;
+        const NearestAndRest<acc_t> split = nearest_and_rest(shift, s.mean);
+        mean = split.nearest;
+        mean_rest = split.rest;
         rstd = inverse_sqrt(s.variance() + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) {
-          p.mean[row] = shift + mean_s;
+          p.mean[row] = mean;
           p.rstd[row] = rstd;
         }
       } else if (row_ok) {
-        if constexpr (CENTERED) mean_s = p.shifted_mean[row];
+        if constexpr (CENTERED) {
+          mean = p.mean[row];
+          mean_rest = p.mean_rest[row];
+        }
         rstd = p.rstd[row];
       }
 
@@ -503,7 +519,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       for (int i = 0; i < ITEMS; ++i) {
         if (i < valid) {
           const int off = (i * TPR + tid) * VEC;
-          const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - shift - mean_s) * rstd; };
+          const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - mean - mean_rest) * rstd; };
           // One branch per affine case, each loading what it uses: parameter packs that
           // might be unset were unpacked element by element into separate registers.
           // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
@@ -558,7 +574,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 }
 
 // Per row: merges the chunks' summaries (in chunk order within each lane, then a fixed
-// tree over lanes) and writes mean, rstd and the shifted mean for the apply pass. A warp
+// tree over lanes) and writes mean, rstd and the mean's rest for the apply pass. A warp
 // per row. Not centered (RMSNorm): adds the chunks' sums of squares (the same fixed order)
 // and writes rstd only.
 template <typename T, bool CENTERED>
@@ -566,7 +582,7 @@ __global__ void __launch_bounds__(128)
     layer_norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, const T* residual,
                                   int64_t M, int64_t N, int64_t chunks, acc_type_t<T> eps,
                                   acc_type_t<T>* mean, acc_type_t<T>* rstd,
-                                  acc_type_t<T>* shifted_mean) {
+                                  acc_type_t<T>* mean_rest) {
   using acc_t = acc_type_t<T>;
   constexpr int kRowsPerBlock = 128 / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -589,10 +605,11 @@ __global__ void __launch_bounds__(128)
       }
       s = warp_merge(s);
       if (lane == 0) {
-        const acc_t shift = to_acc(normalized_input(x, residual, row * N));
-        mean[row] = shift + s.mean;
+        const NearestAndRest<acc_t> split =
+            nearest_and_rest(row_shift(x, residual, row * N, N), s.mean);
+        mean[row] = split.nearest;
         rstd[row] = inverse_sqrt(s.variance() + eps);
-        shifted_mean[row] = s.mean;
+        mean_rest[row] = split.rest;
       }
     }
   }
@@ -1003,7 +1020,7 @@ template <bool CENTERED, typename T, typename P>
 void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
   launch_kernel(layer_norm_merge_stats_kernel<T, CENTERED>, warp_per_row_grid(p.M, dev), 128,
                 stream, p.partial, p.x, p.residual, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
-                p.shifted_mean);
+                p.mean_rest);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1041,7 +1058,7 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
       if (try_launch_fwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev, stream)) return;
     }
     p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
-    if (CENTERED) p.shifted_mean = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
+    if (CENTERED) p.mean_rest = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
     p.mode = kPartial;
     launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
     launch_merge_stats<CENTERED>(p, dev, stream);
