@@ -56,8 +56,8 @@ C10_HOST_DEVICE inline acc_t median_of_three(acc_t a, acc_t b, acc_t c) {
   return c < lo ? lo : (c > hi ? hi : c);
 }
 
-// a + b as the nearest acc_t and the exact rest (Fast2Sum, the larger magnitude first): a
-// row's mean from its shift and the mean of the shifted values. Normalizing with
+// a + b as the nearest acc_t and the exact rest (Knuth's TwoSum: no branch on which is
+// larger): a row's mean from its shift and the mean of the shifted values. Normalizing with
 // ((x - nearest) - rest) keeps the bits of the shifted statistics that the rounded mean
 // lost, and never subtracts the shift itself from x.
 template <typename acc_t>
@@ -68,10 +68,9 @@ struct NearestAndRest {
 
 template <typename acc_t>
 C10_HOST_DEVICE inline NearestAndRest<acc_t> nearest_and_rest(acc_t a, acc_t b) {
-  const bool b_larger = (a < acc_t(0) ? -a : a) < (b < acc_t(0) ? -b : b);
-  const acc_t big = b_larger ? b : a, small = b_larger ? a : b;
-  const acc_t sum = big + small;
-  return {sum, small - (sum - big)};
+  const acc_t sum = a + b;
+  const acc_t b_part = sum - a;
+  return {sum, (a - (sum - b_part)) + (b - b_part)};
 }
 
 }  // namespace fusednorm

@@ -375,6 +375,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   const int tid = threadIdx.x % TPR;
   const int slot = threadIdx.x / TPR;
   const int64_t groups = ceil_div(p.M, Layout::kRows);
+  // A clustered launch holds whole rows (kFull): the other modes' code compiles out of it
+  // (the float64 one spilled with the apply mode's loads in it).
+  const int mode = CLUSTER ? int(kFull) : p.mode;
   constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         const int off = (i * TPR + tid) * VEC;
-        if (off < len && p.mode != kPartial) {
+        if (off < len && mode != kPartial) {
           if (p.weight != nullptr) w_hoisted[i] = load_pack<VEC>(p.weight + col0 + off);
           if (p.bias != nullptr) b_hoisted[i] = load_pack<VEC>(p.bias + col0 + off);
         }
@@ -424,14 +427,17 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             for (int e = 0; e < VEC; ++e) {
               xs[i].v[e] = static_cast<T>(to_acc(xs[i].v[e]) + to_acc(r.v[e]));
             }
-            if (p.mode != kPartial) store_pack<VEC>(p.sum + row_start + col0 + off, xs[i]);
+            if (mode != kPartial) store_pack<VEC>(p.sum + row_start + col0 + off, xs[i]);
           }
           valid = i + 1;
         }
       }
+      const acc_t shift = CENTERED && mode != kApply && row_ok && p.N > 0
+                              ? row_shift(p.x, p.residual, row_start, p.N)
+                              : acc_t(0);
       // y = ((x - mean) - mean_rest) * rstd (RMSNorm: both 0).
       acc_t mean = 0, mean_rest = 0, rstd = 0;
-      if (p.mode != kApply && !CENTERED) {
+      if (mode != kApply && !CENTERED) {
         // RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps).
         acc_t sum_sq = 0, unused = 0;
 #pragma unroll
@@ -449,7 +455,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           cluster_sum2(sum_sq, unused, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
         parity ^= 1;
-        if (p.mode == kPartial) {
+        if (mode == kPartial) {
           if (row_ok && tid == 0) {
             acc_t* out = p.partial + (row * p.chunks + c) * 3;
             out[0] = sum_sq;
@@ -460,11 +466,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         // An empty row has mean(x^2) = 0, as on the CPU (not 0 / 0).
         rstd = inverse_sqrt((p.N > 0 ? sum_sq / acc_t(p.N) : acc_t(0)) + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) p.rstd[row] = rstd;
-      } else if (p.mode != kApply) {
+      } else if (mode != kApply) {
         // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
         // packs in order, so every update's 1/count is a compile-time constant.
-        const acc_t shift =
-            row_ok && p.N > 0 ? row_shift(p.x, p.residual, row_start, p.N) : acc_t(0);
         constexpr int kLanes = kWelfordLanes<VEC>;
         acc_t lane_mean[kLanes], lane_m2[kLanes];
 #pragma unroll
@@ -490,7 +494,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
         parity ^= 1;
-        if (p.mode == kPartial) {
+        if (mode == kPartial) {
           if (row_ok && tid == 0) {
             acc_t* out = p.partial + (row * p.chunks + c) * 3;
             out[0] = s.mean;
