@@ -292,11 +292,11 @@ def test_large_mean_16_bit_forward_and_backward(device, dtype, offset):
 @pytest.mark.parametrize("layout", ["tail_far", "first_far", "both_far"])
 def test_statistics_when_the_row_end_or_start_sits_apart(device, dtype, N, layout):
     """The CPU statistics take a row's last columns (under one vector step) in with one pass
-    around the mean of the rest, and shift every value by one of the row's own (the median
-    of its first three): rows whose last 60 values sit 50 sigma from the rest,
-    or whose first value sits 1000 sigma away (an outlier feature), or both, keep the
-    three-way bound. (Shifted by its first value, such a row lost 2^-24 of that distance in
-    every output: 100x PyTorch's error.)"""
+    around the mean of the rest; the CPU and CUDA statistics shift every value by one of the
+    row's own (the median of its first three): rows whose last 60 values sit 50 sigma from
+    the rest, or whose first value sits 1000 sigma away (an outlier feature), or both, keep
+    the three-way bound. (Shifted by its first value, such a row lost 2^-24 of that distance
+    in every output: 100x PyTorch's error.)"""
     x = random_input((4, N), torch.float64, device, scale=1.0, shift=0.0)
     if layout in ("tail_far", "both_far"):
         x[:, -60:] += 50.0
