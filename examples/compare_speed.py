@@ -37,6 +37,15 @@ REPO = HERE.parent
 NORMS = ("torch", "fused")
 
 
+def require_this_checkout(metrics: dict) -> None:
+    """Stops unless a fused run's fusednorm came from this checkout, whose commit the
+    results are stamped with (not, say, an editable install of another clone)."""
+    source = metrics.get("fusednorm_file")
+    if source is None or not Path(source).is_relative_to(REPO):
+        raise SystemExit(f"the fused run imported fusednorm from {source}, not from {REPO}, "
+                         "whose commit the results would name")
+
+
 def run_once(norm: str, steps: int, extra: list[str], scratch: Path) -> dict:
     out = scratch / f"{norm}-{len(list(scratch.iterdir()))}"
     # This checkout's fusednorm first on the path: the results are stamped with its commit,
@@ -46,10 +55,8 @@ def run_once(norm: str, steps: int, extra: list[str], scratch: Path) -> dict:
     subprocess.run([sys.executable, str(HERE / "train_gpt.py"), "--norm", norm, "--steps",
                     str(steps), "--out", str(out), "--no-progress", *extra], check=True, env=env)
     metrics = json.loads((out / "metrics.json").read_text())
-    source = metrics.get("fusednorm_file")
-    if norm == "fused" and (source is None or not Path(source).is_relative_to(REPO)):
-        raise SystemExit(f"the fused run imported fusednorm from {source}, not from {REPO}, "
-                         "whose commit the results would name")
+    if norm == "fused":
+        require_this_checkout(metrics)
     return metrics
 
 
@@ -130,10 +137,7 @@ def interleaved_rounds(rounds: int, steps: int, extra: list[str]) -> list[dict]:
             for norm in NORMS if step % 2 == 0 else reversed(NORMS):
                 trainers[norm].step()
         results.append({norm: trainer.metrics() for norm, trainer in trainers.items()})
-    source = results[0]["fused"].get("fusednorm_file")
-    if source is None or not Path(source).is_relative_to(REPO):
-        raise SystemExit(f"the fused model imported fusednorm from {source}, not from {REPO}, "
-                         "whose commit the results would name")
+    require_this_checkout(results[0]["fused"])
     return results
 
 
@@ -191,6 +195,15 @@ def markdown_interleaved(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: Path, stem: str, summary: dict, md: str) -> dict:
+    """Writes OUT/<stem>.json and OUT/<stem>.md, prints the table; returns the summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -203,24 +216,14 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--rounds must be >= 1 and --steps >= 2")
     if args.interleave:
         summary = summarize_interleaved(interleaved_rounds(args.rounds, args.steps, extra))
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "interleaved.json").write_text(json.dumps(summary, indent=1) + "\n")
-        md = markdown_interleaved(summary)
-        (args.out / "interleaved.md").write_text(md)
-        print(md)
-        return summary
+        return write_results(args.out, "interleaved", summary, markdown_interleaved(summary))
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for _ in range(args.rounds):
             for norm in NORMS:
                 runs.append(run_once(norm, args.steps, extra, Path(scratch)))
     summary = summarize(runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "speed.json").write_text(json.dumps(summary, indent=1) + "\n")
-    md = markdown(summary)
-    (args.out / "speed.md").write_text(md)
-    print(md)
-    return summary
+    return write_results(args.out, "speed", summary, markdown(summary))
 
 
 if __name__ == "__main__":

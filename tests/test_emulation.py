@@ -154,6 +154,18 @@ def cases_for(pass_, t, p):
     return lines
 
 
+def check_ok_with_cluster_launches(binary, cases):
+    """Runs (case line, expected clustered launches) pairs: every case passes and made the
+    clustered launches expected of it (so each is known to have taken its path)."""
+    code, out, err = run_cases(binary, [line for line, _ in cases])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    failures = [line for line in results if line.startswith("FAIL")]
+    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
+    assert len(results) == len(cases)
+    for (line, clustered), result in zip(cases, results):
+        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+
+
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_emulated_cluster_long_rows(harness, pass_, t, p):
@@ -161,13 +173,7 @@ def test_emulated_cluster_long_rows(harness, pass_, t, p):
     one launch, against float64; 9 chunks (more than a portable cluster) and launches
     without clusters take the chunked three-launch path."""
     cases = cluster_cases(pass_, t, p)
-    code, out, err = run_cases(harness, [line for line, _ in cases])
-    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
-    failures = [line for line in results if line.startswith("FAIL")]
-    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
-    assert len(results) == len(cases)
-    for (line, clustered), result in zip(cases, results):
-        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+    check_ok_with_cluster_launches(harness, cases)
 
 
 # The norm family's other variants, as harness flags: RMSNorm, LayerNorm with a residual
@@ -233,13 +239,7 @@ def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
         tokens = line.split()
         tokens[5] = variant_affine(variant, i)
         cases.append((" ".join(tokens) + " " + variant, clustered))
-    code, out, err = run_cases(harness, [line for line, _ in cases])
-    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
-    failures = [line for line in results if line.startswith("FAIL")]
-    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
-    assert len(results) == len(cases)
-    for (line, clustered), result in zip(cases, results):
-        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+    check_ok_with_cluster_launches(harness, cases)
 
 
 def outlier_cases(t, p):
@@ -265,13 +265,7 @@ def test_emulated_layer_norm_outlier_first_values(harness, t, p):
     accumulator's rounding of float64. Shifting by the first value alone lost about sqrt(N)
     units in every output (float32 and float64 failed here before)."""
     cases = outlier_cases(t, p)
-    code, out, err = run_cases(harness, [line for line, _ in cases])
-    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
-    failures = [line for line in results if line.startswith("FAIL")]
-    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
-    assert len(results) == len(cases)
-    for (line, clustered), result in zip(cases, results):
-        assert result.startswith(f"ok {line} |") and result.endswith(f"clustered {clustered}"), (line, result)
+    check_ok_with_cluster_launches(harness, cases)
 
 
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])

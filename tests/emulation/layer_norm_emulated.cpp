@@ -18,8 +18,9 @@
 // alignment while x is not moved; outlier (LayerNorm, N >= 3): one of each row's first
 // three values (which one varies by row) sits 1000 times the row's scale from the others,
 // and the forward's y must come within 16 units of the accumulator's rounding instead of
-// 512 (shifting the statistics by such a value loses about sqrt(N) units). Prints "ok <case> | launches L clustered C" (the kernel launches the case
-// made, and how many of them in clusters) or "FAIL <case>: why" per line; exits 1 if any
+// 512 (shifting the statistics by such a value loses about sqrt(N) units). Prints
+// "ok <case> | launches L clustered C" (the kernel launches the case made, and how many of
+// them in clusters) or "FAIL <case>: why" per line; exits 1 if any
 // failed. Emulation errors (barrier misuse, misaligned vector access, out-of-bounds access)
 // abort with a message.
 #include <cuda_runtime.h>  // the emulation's (tests/emulation/include)
