@@ -72,7 +72,7 @@ def test_one_million_element_row(device, dtype):
     check_forward_backward(x, (N,), weight, bias)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("N", [1024, 1000, 1008, 4100])
 @pytest.mark.parametrize("output_mib", [6, 9])
 def test_outputs_larger_than_caches(dtype, N, output_mib):
