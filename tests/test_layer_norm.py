@@ -80,9 +80,10 @@ def test_outputs_larger_than_caches(dtype, N, output_mib):
     5.3 MiB of dx): the CPU kernels stream their outputs (non-temporal stores) once the
     pages are mapped, i.e. from the second call on, when the allocator hands back the first
     call's memory; every call must give the same, correct result. Rows of whole cache lines
-    (1024; 1008 float32, whose last columns are a block that overlaps the one before) stream
-    from registers, short rows that are not (1000) through a staging copy, long ones (4100)
-    take plain stores."""
+    (1024; 1008 float32, whose last columns are a block that overlaps the one before; every
+    N but 4100 in float64) stream from registers, and their backward asks for the next
+    tile's dy in its first sweep; short rows that are not (1000 float32 and bfloat16) go
+    through a staging copy, long ones (4100) take plain stores."""
     M = (output_mib << 20) // (N * dtype.itemsize) + 1
     x = random_input((M, N), dtype, "cpu")
     weight, bias = make_params((N,), "affine", dtype, "cpu")
