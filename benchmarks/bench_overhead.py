@@ -49,6 +49,7 @@ class Api:
     fused: Callable[[torch.Tensor], torch.Tensor]
     torch: Callable[[torch.Tensor], torch.Tensor]
     params: list[torch.Tensor]
+    dtype: torch.dtype = torch.float32  # of x
 
 
 class _EagerBlock(nn.Module):
@@ -66,6 +67,8 @@ def apis(device: torch.device) -> list[Api]:
     torch.manual_seed(0)
     kw = dict(device=device)
     w, b = torch.randn(D, **kw), torch.randn(D, **kw)
+    # bfloat16 models (model.to(torch.bfloat16)): the call widens its parameters itself.
+    w16, b16 = w.to(torch.bfloat16), b.to(torch.bfloat16)
     ffn_params = [torch.randn(HIDDEN, D, **kw) * 0.1, torch.randn(HIDDEN, **kw),
                   torch.randn(D, HIDDEN, **kw) * 0.1, torch.randn(D, **kw)]
     norm = nn.LayerNorm(D, **kw)
@@ -78,6 +81,8 @@ def apis(device: torch.device) -> list[Api]:
     return [
         Api("layer_norm", lambda x: fusednorm.layer_norm(x, (D,), w, b),
             lambda x: F.layer_norm(x, (D,), w, b), [w, b]),
+        Api("layer_norm bfloat16", lambda x: fusednorm.layer_norm(x, (D,), w16, b16),
+            lambda x: F.layer_norm(x, (D,), w16, b16), [w16, b16], torch.bfloat16),
         Api("FusedLayerNorm", fused_norm, norm, [*norm.parameters(), *fused_norm.parameters()]),
         Api("gelu_ffn", lambda x: fusednorm.gelu_ffn(x, *ffn_params),
             lambda x: F.linear(F.gelu(F.linear(x, *ffn_params[:2])), *ffn_params[2:]),
@@ -144,8 +149,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
         rounds, calls = (5, 200) if args.quick else (15, 1000)
         rows = []
         for api in apis(device):
-            x = torch.randn(ROWS, D, device=device)
-            dy = torch.randn(ROWS, D, device=device)
+            x = torch.randn(ROWS, D, device=device, dtype=api.dtype)
+            dy = torch.randn(ROWS, D, device=device, dtype=api.dtype)
             for case in CASES:
                 grad = case != "fwd (no grad)"
                 for p in api.params:
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
         ours["x_torch"] = round(ours["us"] / theirs["us"], 3)
     result["rows"] = rows
     notes.append(
-        f"Host µs per call on {ROWS}x{D} inputs (FFN hidden {HIDDEN}), float32, "
+        f"Host µs per call on {ROWS}x{D} inputs (FFN hidden {HIDDEN}), float32 unless the api names its dtype, "
         + ("one CPU thread" if device.type == "cpu" else "CUDA, wall time with a sync per round")
         + f"; median of {rounds} rounds of {calls} calls alternating fusednorm/torch. "
         "× torch = fusednorm's time over PyTorch's (lower is better; the target is ≤ 1.0: a "

@@ -40,7 +40,11 @@ struct FreeDeleter {
 };
 using ScratchHandle = std::unique_ptr<void, FreeDeleter>;
 
-template <typename T>
+// What one call holds at once gets a slot each: the same slot twice in one call would hand
+// out the same memory.
+enum class ScratchSlot { kPartials, kParams };
+
+template <typename T, ScratchSlot kSlot = ScratchSlot::kPartials>
 T* thread_scratch(int64_t count, ScratchHandle& own) {
   constexpr size_t kKeptBytes = size_t(8) << 20;
   constexpr size_t kAlign = 64;

@@ -423,6 +423,26 @@ inline void blend_last_lanes(int64_t count, const at::vec::Vectorized<acc_t>& ol
 #endif
 }
 
+// n values of T in the accumulation type (a parameter row, once per call), bitwise as
+// Tensor::to would widen them.
+template <typename T, typename acc_t>
+void widen_row(const T* src, acc_t* dst, int64_t n) {
+  using IO = VecIO<T, acc_t>;
+  using Vec = at::vec::Vectorized<acc_t>;
+  int64_t i = 0;
+  for (; i + IO::kWidth <= n; i += IO::kWidth) {
+    Vec lo, hi;
+    IO::load(src + i, lo, hi);
+    lo.store(dst + i);
+    hi.store(dst + i + Vec::size());
+  }
+  if (i < n) {
+    Vec lo, hi;
+    load_partial<T, acc_t>(src + i, n - i, lo, hi);
+    store_partial<false>(dst + i, n - i, lo, hi);
+  }
+}
+
 // Sum of all lanes, added in a fixed order. double's lanes are added as a tree of register
 // halves: ATen's vec_reduce_all has shuffles for float only and takes double's lanes one at
 // a time through memory, a chain that every float64 row waited for (1 thread in L1, 1000
