@@ -132,7 +132,8 @@ def test_overhead_results_format(tmp_path):
                                                "--cpu-memory", "fresh"])
     result, md, folder = bench_overhead.run(args)
     assert list(result) == [k for k in TOP_KEYS if k not in ("copy_gbps", "cpu_memory")]
-    apis = {"layer_norm", "FusedLayerNorm", "gelu_ffn", "FusedGeluFFN", "FusedLayerNormGeluFFN"}
+    apis = {"layer_norm", "layer_norm bfloat16", "FusedLayerNorm", "gelu_ffn", "FusedGeluFFN",
+            "FusedLayerNormGeluFFN"}
     assert {r["api"] for r in result["rows"]} == apis
     assert len(result["rows"]) == len(apis) * 3 * 2  # apis x passes x providers
     for ours, theirs in zip(result["rows"][::2], result["rows"][1::2]):
