@@ -64,27 +64,25 @@ ParamsInAcc<acc_t> params_in_acc_type(const OptTensor& weight, const OptTensor& 
 // Whether the N values of weight and bias (either may be null) are free of NaN and
 // infinity; asked only where the answer changes the kernel (bfloat16 outputs:
 // row_output_has_no_nan, tile_rounds_without_nan_mask).
-template <typename T>
-bool params_finite(const float* weight, const float* bias, int64_t N) {
-  if (!std::is_same_v<T, c10::BFloat16>) return false;
-  for (const float* p : {weight, bias}) {
-    if (p == nullptr) continue;
-    // Exponent bits all ones: NaN or infinity. Integer tests, so the loop vectorizes.
-    uint32_t non_finite = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, p + i, sizeof(bits));
-      constexpr uint32_t kExponent = 0x7f800000u;
-      non_finite |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+template <typename T, typename acc_t>
+bool params_finite(const acc_t* weight, const acc_t* bias, int64_t N) {
+  if constexpr (!std::is_same_v<T, c10::BFloat16>) {
+    return false;
+  } else {
+    for (const float* p : {weight, bias}) {
+      if (p == nullptr) continue;
+      // Exponent bits all ones: NaN or infinity. Integer tests, so the loop vectorizes.
+      uint32_t non_finite = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, p + i, sizeof(bits));
+        constexpr uint32_t kExponent = 0x7f800000u;
+        non_finite |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+      }
+      if (non_finite != 0) return false;
     }
-    if (non_finite != 0) return false;
+    return true;
   }
-  return true;
-}
-
-template <typename T>
-bool params_finite(const double*, const double*, int64_t) {
-  return false;
 }
 
 template <typename T>
@@ -114,7 +112,7 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
     const ParamsInAcc<acc_t> params = params_in_acc_type<T, acc_t>(weight, bias, N);
     at::Tensor out = at::empty_like(input);
     at::Tensor sum = given(residual) ? at::empty_like(input) : at::empty({0}, input.options());
-    const auto stats_options = input.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
+    const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
     at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
     at::Tensor rstd = at::empty({M}, stats_options);
     result = {out, sum, mean, rstd};
@@ -125,7 +123,7 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
         out.mutable_data_ptr<T>(),  data_or_null<T>(sum),
         data_or_null<acc_t>(mean),  rstd.mutable_data_ptr<acc_t>(),
         M,                          N,
-        static_cast<acc_t>(eps),    params_finite<T>(params.weight, params.bias, N)};
+        static_cast<acc_t>(eps),    params_finite<T, acc_t>(params.weight, params.bias, N)};
     dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
       norm_fwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(args);
     });
@@ -161,7 +159,7 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
               input.const_data_ptr<T>(),    centered ? mean.const_data_ptr<acc_t>() : nullptr,
               rstd.const_data_ptr<acc_t>(), params.weight,
               grad_input.mutable_data_ptr<T>(), M, N,
-              params_finite<T>(params.weight, nullptr, N)};
+              params_finite<T, acc_t>(params.weight, nullptr, N)};
           dispatch_bools(centered, given(weight), [&](auto c, auto w) {
             dispatch_bool(param_grads, [&](auto grads) {
               norm_bwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value,
