@@ -1,6 +1,6 @@
 // GELU feed-forward block on the CPU. The GEMMs go through ATen (MKL / oneDNN), or those
 // with the tokens as the long side through oneDNN's matmul where it measured faster (see
-// cpu/gemm.h); the elementwise work is one fused pass each way (at::parallel_for over
+// cpu/gemm.h); the elementwise work is one fused pass each way (parallel_chunks over
 // rows, at::vec along them), in float (double for double inputs):
 //
 //   forward:  h = x @ W1^T + b1 (bias inside the GEMM);  one pass: a = gelu(h) (exact:
@@ -27,6 +27,7 @@
 #include "common/gelu.h"
 #include "common/gelu_ffn_checks.h"
 #include "cpu/gemm.h"
+#include "cpu/parallel.h"
 #include "cpu/partials.h"
 #include "cpu/vec_io.h"
 
@@ -155,9 +156,6 @@ inline void gelu_and_grad_vec(const Vectorized<acc_t>& x, Vectorized<acc_t>& val
   }
 }
 
-// Rows per parallel task: enough elements that a task outweighs its scheduling cost.
-int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
-
 // The forward's pass over the [M, H] pre-activation: a = gelu(h). Used for tanh, where
 // the one-exp sigmoid form beats ATen's tanh-based kernel by about 2x.
 template <typename T, GeluKind kind>
@@ -166,7 +164,7 @@ void gelu_rows(const T* h, T* a, int64_t M, int64_t H) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   const int64_t vec_end = H - H % IO::kWidth;
-  at::parallel_for(0, M, row_grain(H), [&](int64_t begin, int64_t end) {
+  parallel_chunks(M, row_grain(H), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const T* hr = h + row * H;
       T* ar = a + row * H;
@@ -248,7 +246,7 @@ void dgelu_rows(const T* h, int64_t h_stride, T* dg_dh, T* a, const T* dy,
                 int64_t cols, int64_t N, int64_t blocks) {
   using acc_t = acc_type<T>;
   const int64_t rows_per_block = (M + blocks - 1) / blocks;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  parallel_chunks(blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       acc_t* p1 = kBias1 ? part1 + b * part1_stride : nullptr;
       acc_t* p2 = kBias2 ? part2 + b * N : nullptr;

@@ -2,7 +2,7 @@
 // The CPU kernels of the norm family on [M, N] rows: LayerNorm (centered: subtract the mean)
 // and RMSNorm (not centered), each with an optional residual added first
 // (s = input + residual, rounded to the input's dtype and written out, then normalized).
-// Rows run in parallel (at::parallel_for), each row vectorized (at::vec), statistics in
+// Rows run in parallel (cpu/parallel.h), each row vectorized (at::vec), statistics in
 // float (double for double inputs). One template per sweep; the variants are compile-time
 // flags, so no per-element branch remains. Weight and bias arrive in the accumulation type:
 // the host converts float16/bfloat16 parameters once per call, not once per row.
@@ -17,16 +17,12 @@
 #include "common/welford.h"
 #include "common/dispatch.h"
 #include "cpu/partials.h"
+#include "cpu/parallel.h"
 #include "cpu/vec_io.h"
 
 namespace fusednorm::cpu {
 
 using at::vec::Vectorized;
-
-// Rows per parallel task: enough elements that a task outweighs its scheduling cost.
-inline int64_t row_grain(int64_t N) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
-}
 
 // Streaming stores pay off only for a call whose traffic (bytes read and written) would not
 // stay in cache anyway, and only into pages that are already mapped: a fresh allocation
@@ -419,7 +415,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const bool prefetches = forward_prefetches<T>(N);
   const bool statistics_ahead = !kCentered && sizeof(T) == 2 && a.residual == nullptr &&
                                 N * int64_t(sizeof(T)) <= 8 * 1024;
-  at::parallel_for(0, a.M, row_grain(N), [&](int64_t begin, int64_t end) {
+  parallel_chunks(a.M, row_grain(N), [&](int64_t begin, int64_t end) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
     alignas(kCacheLine) char sum_stage[kStageBytes];
     // Row `row` of base to prefetch, or null (no prefetch, no such tensor or row).
@@ -484,7 +480,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
 template <typename T, typename acc_t, bool kWeight, bool kBias>
 void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc_t* weight,
                      const acc_t* bias, T* y, int64_t M, int64_t N) {
-  at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
+  parallel_chunks(M, row_grain(N), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       normalize_row<T, acc_t, kWeight, kBias>(x + row * N, y + row * N, N, acc_t(0),
                                                  mean ? mean[row] : acc_t(0), rstd[row],
@@ -849,13 +845,13 @@ void norm_bwd_rows(const NormBwdArgs<T, acc_t>& a, acc_t* partial_w, acc_t* part
     if (stream) streaming_fence();
   };
   if constexpr (!kParamGrads) {
-    at::parallel_for(0, M, row_grain(N), [&](int64_t begin, int64_t end) {
+    parallel_chunks(M, row_grain(N), [&](int64_t begin, int64_t end) {
       row_range(begin, end, nullptr, nullptr);
     });
     return;
   }
   const int64_t rows_per_block = (M + blocks - 1) / blocks;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  parallel_chunks(blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       acc_t* pw = partial_w + b * N;
       acc_t* pb = partial_b + b * N;

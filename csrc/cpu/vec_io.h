@@ -135,7 +135,8 @@ inline const bool cpu_has_avx512_bf16 = detect_avx512_bf16();
 // 0x7fc0 (ATen's vectorized conversion, which the AVX2 build uses, writes 0xffff).
 inline bool lanes_zero_normal_or_infinite(const __m512& lo, const __m512& hi) {
   constexpr int kNaNOrDenormal = 0x01 | 0x20 | 0x80;  // quiet NaN, denormal, signaling NaN
-  return (_mm512_fpclass_ps_mask(lo, kNaNOrDenormal) | _mm512_fpclass_ps_mask(hi, kNaNOrDenormal)) == 0;
+  return _kortestz_mask16_u8(_mm512_fpclass_ps_mask(lo, kNaNOrDenormal),
+                             _mm512_fpclass_ps_mask(hi, kNaNOrDenormal));
 }
 
 // vcvtne2ps2bf16: lo's 16 floats then hi's, rounded to nearest even, in one instruction
