@@ -4,6 +4,10 @@ judged here: benchmarks, never tests, carry performance numbers.)"""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -282,3 +286,30 @@ def test_cpu_memory_modes_record_themselves_and_keep_apart(tmp_path):
     fresh, _, folder = _run(bench_layer_norm, tmp_path / "b", *argv[2:])
     assert fresh["cpu_memory"] == "fresh"
     assert folder.name == reuse_json.parent.name + "-fresh-memory"
+
+
+def test_kernel_ab_builds_and_times_both_sides():
+    """benchmarks.kernel_ab: HEAD's csrc (git archive) and the working tree's compile into one
+    binary, and every case prints both sides' times and a positive speed-up."""
+    if shutil.which("git") is None or not (Path(__file__).parents[1] / ".git").exists():
+        pytest.skip("needs the git checkout (the base side is a git ref)")
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.kernel_ab", "--base", "HEAD", "--rounds", "2",
+         "--threads", "2", "--cases", "fwd:fp32:64x100,bwd:bf16:33x70,fwd:fp16:9x1000"],
+        cwd=Path(__file__).parents[1], check=True, capture_output=True, text=True).stdout
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("base: HEAD, head: working tree; 2 threads, 2 rounds")
+    pattern = (r"(fwd|bwd) (fp32|bf16|fp16) (\d+)x(\d+): base ([\d.]+) ms \(fastest [\d.]+\), "
+               r"head ([\d.]+) ms \(fastest [\d.]+\); head speed-up ([\d.]+)x")
+    cases = [re.match(pattern, line) for line in lines[1:]]
+    assert [c.group(1, 2, 3, 4) for c in cases] == [
+        ("fwd", "fp32", "64", "100"), ("bwd", "bf16", "33", "70"), ("fwd", "fp16", "9", "1000")]
+    for c in cases:
+        assert float(c.group(5)) > 0 and float(c.group(6)) > 0 and float(c.group(7)) > 0
+
+
+def test_kernel_ab_rejects_a_bad_case():
+    run = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "--same", "--cases",
+                          "fwd:int8:4x4"], cwd=Path(__file__).parents[1], capture_output=True,
+                         text=True)
+    assert run.returncode == 2 and "a case is fwd|bwd:bf16|fp16|fp32:MxN" in run.stderr

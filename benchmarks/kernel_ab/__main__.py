@@ -1,0 +1,127 @@
+"""`python -m benchmarks.kernel_ab --base REF`: the CPU LayerNorm kernels of git REF against
+the working tree's, both compiled into one binary and timed in turns in one process.
+
+Why: on a shared machine whose speed changes within seconds (the 2-vCPU VM of
+benchmarks/results/amd-epyc), two benchmark runs, even in turns, differed by 1.5-2x at the
+same code, more than most changes measured. Here the two sides alternate pass by pass over
+out-of-cache inputs, and the figure is the median over rounds of each round's time ratio;
+a tree against itself (--base with no change, or --same) reads 0.95-1.06x. This is a
+development tool: the published figures come from the suites (`python -m benchmarks`).
+
+    python -m benchmarks.kernel_ab --base HEAD~1 --cases fwd:bf16:4096x1000,bwd:fp32:4096x1000
+
+Each side's csrc/ is compiled with -Dfusednorm=fusednorm_base / fusednorm_head (two copies
+of every inline kernel, no clash) into variant.cpp's entries; driver.cpp times them.
+Prints one line per case: each side's median and fastest ms per call, and head's speed-up
+(base time / head time, median over rounds, with its 20-80% quantile range).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
+# The SIMD flags of setup.py's build for the level torch's own kernels run at.
+SIMD_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
+}
+
+
+def simd_level() -> str:
+    have = torch.backends.cpu.get_cpu_capability().lower()
+    return "avx512" if have.startswith("avx512") else ("avx2" if have == "avx2" else "default")
+
+
+def compile_flags() -> list[str]:
+    include = Path(torch.__file__).parent / "include"
+    includes = [f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}"]
+    return ["-O3", "-std=c++20", "-fopenmp", "-ffp-contract=off", "-w",
+            *SIMD_FLAGS[simd_level()], *includes]
+
+
+def export_csrc(ref: str, into: Path) -> Path:
+    """REF's csrc/ as a plain folder (git archive: no worktree to clean up)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "csrc"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "csrc"
+
+
+def build(base_csrc: Path, head_csrc: Path, workdir: Path) -> Path:
+    cxx = os.environ.get("CXX", "c++")
+    flags = compile_flags()
+    objects = []
+    for side, csrc in (("base", base_csrc), ("head", head_csrc)):
+        obj = workdir / f"variant_{side}.o"
+        subprocess.run([cxx, *flags, f"-I{csrc}", f"-Dfusednorm=fusednorm_{side}",
+                        f"-DAB_SIDE={side}", "-c", str(HERE / "variant.cpp"), "-o", str(obj)],
+                       check=True)
+        objects.append(str(obj))
+    binary = workdir / "kernel_ab"
+    lib = Path(torch.__file__).parent / "lib"
+    subprocess.run([cxx, *flags, str(HERE / "driver.cpp"), *objects, "-o", str(binary),
+                    f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"], check=True)
+    return binary
+
+
+def parse_case(text: str) -> tuple[str, str, int, int]:
+    try:
+        pass_, dtype, shape = text.split(":")
+        m, n = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a case is PASS:DTYPE:MxN, got {text!r}") from None
+    if pass_ not in ("fwd", "bwd") or dtype not in DTYPES or m < 1 or n < 1:
+        raise argparse.ArgumentTypeError(
+            f"a case is fwd|bwd:{'|'.join(DTYPES)}:MxN with M, N >= 1, got {text!r}")
+    return pass_, dtype, m, n
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_ab",
+                                     description=__doc__.split("\n\n")[0])
+    side = parser.add_mutually_exclusive_group(required=True)
+    side.add_argument("--base", help="git ref whose csrc/ is the base side")
+    side.add_argument("--same", action="store_true",
+                      help="the working tree on both sides (how much a null change reads)")
+    parser.add_argument("--cases", default="fwd:bf16:4096x1000,bwd:fp32:4096x1000",
+                        type=lambda s: [parse_case(c) for c in s.split(",")],
+                        help="comma list of PASS:DTYPE:MxN (PASS fwd|bwd, DTYPE bf16|fp16|fp32)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--rounds", type=int, default=60)
+    args = parser.parse_args(argv)
+    if args.threads < 1 or args.rounds < 1:
+        parser.error("--threads and --rounds must be at least 1")
+
+    with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp:
+        workdir = Path(tmp)
+        head = REPO / "csrc"
+        base = head if args.same else export_csrc(args.base, workdir)
+        binary = build(base, head, workdir)
+        label = "working tree" if args.same else args.base
+        print(f"base: {label}, head: working tree; {args.threads} threads, {args.rounds} rounds,"
+              f" {simd_level()} build")
+        for pass_, dtype, m, n in args.cases:
+            out = subprocess.run([str(binary), pass_, str(DTYPES[dtype]), str(m), str(n),
+                                  str(args.threads), str(args.rounds)],
+                                 check=True, capture_output=True, text=True).stdout.split()
+            r = dict(zip(out[0::2], (float(v) for v in out[1::2])))
+            print(f"{pass_} {dtype} {m}x{n}: base {r['base_ms']:.3f} ms (fastest "
+                  f"{r['base_min_ms']:.3f}), head {r['head_ms']:.3f} ms (fastest "
+                  f"{r['head_min_ms']:.3f}); head speed-up {r['speedup']:.3f}x "
+                  f"[{r['speedup_q20']:.3f}, {r['speedup_q80']:.3f}]")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+// The timing loop of a CPU kernel A/B (see benchmarks/cpu_ab.py). Usage:
+//   driver PASS DTYPE M N THREADS ROUNDS   (PASS: fwd or bwd; DTYPE: 0 bf16, 1 fp16, 2 fp32)
+// Inputs: enough sets of M x N to fill 128 MiB (out of cache), cycled. Each round times one
+// pass over every set with each side, the side that goes first alternating; the result line
+// holds both sides' median and minimum ms per call and the median over rounds of the ratio
+// base / head of the round's two times (with its 20% and 80% quantiles): a machine that
+// changes speed between rounds moves both times of a round alike.
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+extern "C" {
+void ab_forward_base(int, const void*, const float*, const float*, void*, float*, float*,
+                     int64_t, int64_t);
+void ab_forward_head(int, const void*, const float*, const float*, void*, float*, float*,
+                     int64_t, int64_t);
+void ab_backward_base(int, const void*, const void*, const float*, const float*, const float*,
+                      void*, float*, float*, float*, int64_t, int64_t);
+void ab_backward_head(int, const void*, const void*, const float*, const float*, const float*,
+                      void*, float*, float*, float*, int64_t, int64_t);
+}
+
+namespace {
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[size_t(q * double(v.size() - 1) + 0.5)];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s fwd|bwd DTYPE M N THREADS ROUNDS\n", argv[0]);
+    return 2;
+  }
+  const bool backward = std::string(argv[1]) == "bwd";
+  const int dtype = std::atoi(argv[2]);
+  const int64_t M = std::atoll(argv[3]), N = std::atoll(argv[4]);
+  const int rounds = std::atoi(argv[6]);
+  at::set_num_threads(std::atoi(argv[5]));
+  const int64_t element_bytes = dtype == 2 ? 4 : 2;
+  const int64_t bytes = M * N * element_bytes;
+  const int64_t sets = std::max<int64_t>(2, (int64_t(128) << 20) / std::max<int64_t>(bytes, 1));
+
+  std::mt19937 gen(0);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<char>> inputs(sets, std::vector<char>(bytes));
+  for (auto& set : inputs) {
+    for (int64_t i = 0; i < M * N; ++i) {
+      const float v = normal(gen) + 3.0f;  // off zero, as the shift handles
+      char* p = set.data() + i * element_bytes;
+      if (dtype == 0) { const c10::BFloat16 h(v); std::memcpy(p, &h, 2); }
+      if (dtype == 1) { const c10::Half h(v); std::memcpy(p, &h, 2); }
+      if (dtype == 2) std::memcpy(p, &v, 4);
+    }
+  }
+  std::vector<float> w(N), b(N), mean(M, 3.0f), rstd(M, 1.0f), dw(N), db(N);
+  for (auto& v : w) v = normal(gen);
+  for (auto& v : b) v = normal(gen);
+  std::vector<char> out(bytes);
+  std::vector<float> partials(size_t(2 * 64 * N));  // num_row_blocks: at most 64 blocks
+
+  auto pass = [&](bool head) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < sets; ++k) {
+      const char* x = inputs[k].data();
+      if (backward) {
+        const char* dy = inputs[(k + 1) % sets].data();
+        (head ? ab_backward_head : ab_backward_base)(dtype, dy, x, mean.data(), rstd.data(),
+                                                     w.data(), out.data(), dw.data(),
+                                                     db.data(), partials.data(), M, N);
+      } else {
+        (head ? ab_forward_head : ab_forward_base)(dtype, x, w.data(), b.data(), out.data(),
+                                                   mean.data(), rstd.data(), M, N);
+      }
+    }
+    const std::chrono::duration<double, std::milli> elapsed =
+        std::chrono::steady_clock::now() - start;
+    return elapsed.count() / double(sets);
+  };
+  for (int warm = 0; warm < 3; ++warm) { pass(false); pass(true); }
+  std::vector<double> base, head, ratio;
+  for (int r = 0; r < rounds; ++r) {
+    const bool head_first = r % 2 == 1;
+    const double first = pass(head_first), second = pass(!head_first);
+    base.push_back(head_first ? second : first);
+    head.push_back(head_first ? first : second);
+    ratio.push_back(base.back() / head.back());
+  }
+  std::printf("base_ms %.4f base_min_ms %.4f head_ms %.4f head_min_ms %.4f "
+              "speedup %.3f speedup_q20 %.3f speedup_q80 %.3f\n",
+              quantile(base, 0.5), *std::min_element(base.begin(), base.end()),
+              quantile(head, 0.5), *std::min_element(head.begin(), head.end()),
+              quantile(ratio, 0.5), quantile(ratio, 0.2), quantile(ratio, 0.8));
+  return 0;
+}

@@ -1,0 +1,54 @@
+// One side of a CPU kernel A/B (see benchmarks/cpu_ab.py): the norm forward and backward of
+// one source tree, compiled with -Dfusednorm=fusednorm_<side> so that two trees link into one
+// binary, and entered through extern "C" functions named after the side.
+#include "cpu/norm_kernels.h"
+#include "cpu/partials.h"
+
+#define AB_CAT2(a, b) a##b
+#define AB_CAT(a, b) AB_CAT2(a, b)
+
+namespace {
+using namespace fusednorm::cpu;
+
+template <typename T>
+void forward(const void* x, const float* w, const float* b, void* y, float* mean, float* rstd,
+             int64_t M, int64_t N) {
+  NormFwdArgs<T, float> a{static_cast<const T*>(x), nullptr, w, b, static_cast<T*>(y),
+                          nullptr, mean, rstd, M, N, 1e-5f, true};
+  norm_fwd_rows<T, float, true, true, true>(a);
+}
+
+// As the op does it: dx and per-block partials, then the partials summed in block order.
+// partials: room for 2 x 64 x N floats, the same buffer for both sides (where the partials
+// lie modulo 4 KiB against dy, x and dx moved a backward by 1.2x: docs/DESIGN.md).
+template <typename T>
+void backward(const void* dy, const void* x, const float* mean, const float* rstd,
+              const float* w, void* dx, float* dw, float* db, float* partials, int64_t M,
+              int64_t N) {
+  NormBwdArgs<T, float> a{static_cast<const T*>(dy), nullptr, static_cast<const T*>(x),
+                          mean, rstd, w, static_cast<T*>(dx), M, N, true};
+  const int64_t blocks = num_row_blocks(M, N);
+  norm_bwd_rows<T, float, true, true, true>(a, partials, partials + blocks * N, blocks);
+  sum_partials<float, float>(partials, blocks, N, dw);
+  sum_partials<float, float>(partials + blocks * N, blocks, N, db);
+}
+}  // namespace
+
+// dtype: 0 bfloat16, 1 float16, 2 float32 (weight and bias in float, as the op widens them).
+extern "C" void AB_CAT(ab_forward_, AB_SIDE)(int dtype, const void* x, const float* w,
+                                             const float* b, void* y, float* mean,
+                                             float* rstd, int64_t M, int64_t N) {
+  if (dtype == 0) forward<c10::BFloat16>(x, w, b, y, mean, rstd, M, N);
+  if (dtype == 1) forward<c10::Half>(x, w, b, y, mean, rstd, M, N);
+  if (dtype == 2) forward<float>(x, w, b, y, mean, rstd, M, N);
+}
+
+extern "C" void AB_CAT(ab_backward_, AB_SIDE)(int dtype, const void* dy, const void* x,
+                                              const float* mean, const float* rstd,
+                                              const float* w, void* dx, float* dw,
+                                              float* db, float* partials, int64_t M,
+                                              int64_t N) {
+  if (dtype == 0) backward<c10::BFloat16>(dy, x, mean, rstd, w, dx, dw, db, partials, M, N);
+  if (dtype == 1) backward<c10::Half>(dy, x, mean, rstd, w, dx, dw, db, partials, M, N);
+  if (dtype == 2) backward<float>(dy, x, mean, rstd, w, dx, dw, db, partials, M, N);
+}
