@@ -145,11 +145,24 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         using T = decltype(input_tag);
         using P = decltype(param_tag);
         using acc_t = acc_type<T>;
-        // Scratch before the outputs (see thread_scratch).
-        acc_t* partial_w = thread_scratch<acc_t>((centered ? 2 : 1) * blocks * N, own_partials);
-        acc_t* partial_b = centered ? partial_w + blocks * N : nullptr;
+        // Scratch before the outputs (see thread_scratch), with a page of slack per partial
+        // row set, placed below once dx exists.
+        const int64_t part_count = blocks > 0 ? blocks * N + kPageBytes / int64_t(sizeof(acc_t)) : 0;
+        acc_t* scratch = thread_scratch<acc_t>((centered ? 2 : 1) * part_count, own_partials);
         const ParamsInAcc<acc_t> params = params_in_acc_type<T, acc_t>(weight, std::nullopt, N);
         grad_input = at::empty_like(input);
+        // The partial rows away from dy, x, dx and dsum (and each other) modulo 4 KiB
+        // (partials.h).
+        const void* dy = grad_out.const_data_ptr();
+        const void* x = input.const_data_ptr();
+        const void* dx = grad_input.const_data_ptr();
+        const void* dsum = data_or_null<T>(grad_sum);
+        auto place = [&](acc_t* slot, std::initializer_list<const void*> taken) {
+          return blocks > 0 ? at_page_offset(slot, page_offset_away_from(taken)) : slot;
+        };
+        acc_t* partial_w = place(scratch, {dy, x, dx, dsum});
+        acc_t* partial_b = centered ? place(scratch + part_count, {dy, x, dx, dsum, partial_w})
+                                    : nullptr;
         grad_weight =
             given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
         grad_bias = given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
