@@ -1,4 +1,4 @@
-// The timing loop of a CPU kernel A/B (see benchmarks/cpu_ab.py). Usage:
+// The timing loop of a CPU kernel A/B (see benchmarks/kernel_ab). Usage:
 //   driver PASS DTYPE M N THREADS ROUNDS   (PASS: fwd or bwd; DTYPE: 0 bf16, 1 fp16, 2 fp32)
 // Inputs: enough sets of M x N to fill 128 MiB (out of cache), cycled. Each round times one
 // pass over every set with each side, the side that goes first alternating; the result line
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +31,23 @@ void ab_backward_head(int, const void*, const void*, const float*, const float*,
 }
 
 namespace {
+// A buffer aligned as PyTorch's CPU allocator aligns tensors (64 bytes). A std::vector of
+// megabytes sits 16 bytes past a page (glibc's mmap'ed chunk header), where the kernels
+// refuse streaming stores (is_stream_aligned): every output then took the plain-store path.
+struct AlignedBuffer {
+  explicit AlignedBuffer(int64_t bytes)
+      : data_(static_cast<char*>(std::aligned_alloc(64, size_t((bytes + 63) / 64 * 64)))) {
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+  char* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> data_;
+};
+
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[size_t(q * double(v.size() - 1) + 0.5)];
@@ -52,7 +70,8 @@ int main(int argc, char** argv) {
 
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
-  std::vector<std::vector<char>> inputs(sets, std::vector<char>(bytes));
+  std::vector<AlignedBuffer> inputs;
+  for (int64_t k = 0; k < sets; ++k) inputs.emplace_back(bytes);
   for (auto& set : inputs) {
     for (int64_t i = 0; i < M * N; ++i) {
       const float v = normal(gen) + 3.0f;  // off zero, as the shift handles
@@ -65,7 +84,7 @@ int main(int argc, char** argv) {
   std::vector<float> w(N), b(N), mean(M, 3.0f), rstd(M, 1.0f), dw(N), db(N);
   for (auto& v : w) v = normal(gen);
   for (auto& v : b) v = normal(gen);
-  std::vector<char> out(bytes);
+  AlignedBuffer out(bytes);
   std::vector<float> partials(size_t(2 * 64 * N));  // num_row_blocks: at most 64 blocks
 
   auto pass = [&](bool head) {

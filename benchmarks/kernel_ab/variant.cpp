@@ -1,4 +1,4 @@
-// One side of a CPU kernel A/B (see benchmarks/cpu_ab.py): the norm forward and backward of
+// One side of a CPU kernel A/B (see benchmarks/kernel_ab): the norm forward and backward of
 // one source tree, compiled with -Dfusednorm=fusednorm_<side> so that two trees link into one
 // binary, and entered through extern "C" functions named after the side.
 #include "cpu/norm_kernels.h"
