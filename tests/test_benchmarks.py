@@ -295,15 +295,17 @@ def test_kernel_ab_builds_and_times_both_sides():
         pytest.skip("needs the git checkout (the base side is a git ref)")
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.kernel_ab", "--base", "HEAD", "--rounds", "2",
-         "--threads", "2", "--cases", "fwd:fp32:64x100,bwd:bf16:33x70,fwd:fp16:9x1000"],
+         "--threads", "2", "--cases",
+         "fwd:fp32:64x100,bwd:bf16:33x70,fwd:fp16:9x1000,afwd:bf16:17x300"],
         cwd=Path(__file__).parents[1], check=True, capture_output=True, text=True).stdout
     lines = out.strip().splitlines()
     assert lines[0].startswith("base: HEAD, head: working tree; 2 threads, 2 rounds")
-    pattern = (r"(fwd|bwd) (fp32|bf16|fp16) (\d+)x(\d+): base ([\d.]+) ms \(fastest [\d.]+\), "
+    pattern = (r"(fwd|afwd|bwd) (fp32|bf16|fp16) (\d+)x(\d+): base ([\d.]+) ms \(fastest [\d.]+\), "
                r"head ([\d.]+) ms \(fastest [\d.]+\); head speed-up ([\d.]+)x")
     cases = [re.match(pattern, line) for line in lines[1:]]
     assert [c.group(1, 2, 3, 4) for c in cases] == [
-        ("fwd", "fp32", "64", "100"), ("bwd", "bf16", "33", "70"), ("fwd", "fp16", "9", "1000")]
+        ("fwd", "fp32", "64", "100"), ("bwd", "bf16", "33", "70"), ("fwd", "fp16", "9", "1000"),
+        ("afwd", "bf16", "17", "300")]
     for c in cases:
         assert float(c.group(5)) > 0 and float(c.group(6)) > 0 and float(c.group(7)) > 0
 
@@ -312,4 +314,4 @@ def test_kernel_ab_rejects_a_bad_case():
     run = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "--same", "--cases",
                           "fwd:int8:4x4"], cwd=Path(__file__).parents[1], capture_output=True,
                          text=True)
-    assert run.returncode == 2 and "a case is fwd|bwd:bf16|fp16|fp32:MxN" in run.stderr
+    assert run.returncode == 2 and "a case is fwd|afwd|bwd:bf16|fp16|fp32:MxN" in run.stderr

@@ -29,6 +29,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
+PASSES = ("fwd", "afwd", "bwd")  # afwd: add + LayerNorm forward (the residual path)
 # The SIMD flags of setup.py's build for the level torch's own kernels run at.
 SIMD_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
@@ -81,9 +82,9 @@ def parse_case(text: str) -> tuple[str, str, int, int]:
         m, n = (int(v) for v in shape.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"a case is PASS:DTYPE:MxN, got {text!r}") from None
-    if pass_ not in ("fwd", "bwd") or dtype not in DTYPES or m < 1 or n < 1:
+    if pass_ not in PASSES or dtype not in DTYPES or m < 1 or n < 1:
         raise argparse.ArgumentTypeError(
-            f"a case is fwd|bwd:{'|'.join(DTYPES)}:MxN with M, N >= 1, got {text!r}")
+            f"a case is {'|'.join(PASSES)}:{'|'.join(DTYPES)}:MxN with M, N >= 1, got {text!r}")
     return pass_, dtype, m, n
 
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                       help="the working tree on both sides (how much a null change reads)")
     parser.add_argument("--cases", default="fwd:bf16:4096x1000,bwd:fp32:4096x1000",
                         type=lambda s: [parse_case(c) for c in s.split(",")],
-                        help="comma list of PASS:DTYPE:MxN (PASS fwd|bwd, DTYPE bf16|fp16|fp32)")
+                        help="comma list of PASS:DTYPE:MxN (PASS fwd|afwd|bwd, DTYPE bf16|fp16|fp32)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args(argv)

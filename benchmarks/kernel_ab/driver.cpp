@@ -1,5 +1,6 @@
 // The timing loop of a CPU kernel A/B (see benchmarks/kernel_ab). Usage:
-//   driver PASS DTYPE M N THREADS ROUNDS   (PASS: fwd or bwd; DTYPE: 0 bf16, 1 fp16, 2 fp32)
+//   driver PASS DTYPE M N THREADS ROUNDS
+// (PASS: fwd, afwd (add + LayerNorm) or bwd; DTYPE: 0 bf16, 1 fp16, 2 fp32)
 // Inputs: enough sets of M x N to fill 128 MiB (out of cache), cycled. Each round times one
 // pass over every set with each side, the side that goes first alternating; the result line
 // holds both sides' median and minimum ms per call and the median over rounds of the ratio
@@ -20,10 +21,10 @@
 #include <vector>
 
 extern "C" {
-void ab_forward_base(int, const void*, const float*, const float*, void*, float*, float*,
-                     int64_t, int64_t);
-void ab_forward_head(int, const void*, const float*, const float*, void*, float*, float*,
-                     int64_t, int64_t);
+void ab_forward_base(int, const void*, const void*, const float*, const float*, void*, void*,
+                     float*, float*, int64_t, int64_t);
+void ab_forward_head(int, const void*, const void*, const float*, const float*, void*, void*,
+                     float*, float*, int64_t, int64_t);
 void ab_backward_base(int, const void*, const void*, const float*, const float*, const float*,
                       void*, float*, float*, float*, int64_t, int64_t);
 void ab_backward_head(int, const void*, const void*, const float*, const float*, const float*,
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool backward = std::string(argv[1]) == "bwd";
+  const bool residual = std::string(argv[1]) == "afwd";
   const int dtype = std::atoi(argv[2]);
   const int64_t M = std::atoll(argv[3]), N = std::atoll(argv[4]);
   const int rounds = std::atoi(argv[6]);
@@ -84,7 +86,7 @@ int main(int argc, char** argv) {
   std::vector<float> w(N), b(N), mean(M, 3.0f), rstd(M, 1.0f), dw(N), db(N);
   for (auto& v : w) v = normal(gen);
   for (auto& v : b) v = normal(gen);
-  AlignedBuffer out(bytes);
+  AlignedBuffer out(bytes), sum(bytes);
   std::vector<float> partials(size_t(2 * 64 * N));  // num_row_blocks: at most 64 blocks
 
   auto pass = [&](bool head) {
@@ -97,7 +99,9 @@ int main(int argc, char** argv) {
                                                      w.data(), out.data(), dw.data(),
                                                      db.data(), partials.data(), M, N);
       } else {
-        (head ? ab_forward_head : ab_forward_base)(dtype, x, w.data(), b.data(), out.data(),
+        const char* r = residual ? inputs[(k + 1) % sets].data() : nullptr;
+        (head ? ab_forward_head : ab_forward_base)(dtype, x, r, w.data(), b.data(), out.data(),
+                                                   residual ? sum.data() : nullptr,
                                                    mean.data(), rstd.data(), M, N);
       }
     }

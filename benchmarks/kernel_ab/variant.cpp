@@ -11,10 +11,11 @@ namespace {
 using namespace fusednorm::cpu;
 
 template <typename T>
-void forward(const void* x, const float* w, const float* b, void* y, float* mean, float* rstd,
-             int64_t M, int64_t N) {
-  NormFwdArgs<T, float> a{static_cast<const T*>(x), nullptr, w, b, static_cast<T*>(y),
-                          nullptr, mean, rstd, M, N, 1e-5f, true};
+void forward(const void* x, const void* residual, const float* w, const float* b, void* y,
+             void* sum, float* mean, float* rstd, int64_t M, int64_t N) {
+  NormFwdArgs<T, float> a{static_cast<const T*>(x), static_cast<const T*>(residual), w, b,
+                          static_cast<T*>(y), static_cast<T*>(sum), mean, rstd, M, N, 1e-5f,
+                          true};
   norm_fwd_rows<T, float, true, true, true>(a);
 }
 
@@ -35,12 +36,14 @@ void backward(const void* dy, const void* x, const float* mean, const float* rst
 }  // namespace
 
 // dtype: 0 bfloat16, 1 float16, 2 float32 (weight and bias in float, as the op widens them).
-extern "C" void AB_CAT(ab_forward_, AB_SIDE)(int dtype, const void* x, const float* w,
-                                             const float* b, void* y, float* mean,
-                                             float* rstd, int64_t M, int64_t N) {
-  if (dtype == 0) forward<c10::BFloat16>(x, w, b, y, mean, rstd, M, N);
-  if (dtype == 1) forward<c10::Half>(x, w, b, y, mean, rstd, M, N);
-  if (dtype == 2) forward<float>(x, w, b, y, mean, rstd, M, N);
+// residual and sum null: LayerNorm; else add + LayerNorm (the sum written to sum).
+extern "C" void AB_CAT(ab_forward_, AB_SIDE)(int dtype, const void* x, const void* residual,
+                                             const float* w, const float* b, void* y,
+                                             void* sum, float* mean, float* rstd, int64_t M,
+                                             int64_t N) {
+  if (dtype == 0) forward<c10::BFloat16>(x, residual, w, b, y, sum, mean, rstd, M, N);
+  if (dtype == 1) forward<c10::Half>(x, residual, w, b, y, sum, mean, rstd, M, N);
+  if (dtype == 2) forward<float>(x, residual, w, b, y, sum, mean, rstd, M, N);
 }
 
 extern "C" void AB_CAT(ab_backward_, AB_SIDE)(int dtype, const void* dy, const void* x,
