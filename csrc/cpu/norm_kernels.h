@@ -347,10 +347,15 @@ struct NormFwdArgs {
 };
 
 // Whether the forward asks for the row kAhead rows on while it computes one (see there).
+// With a residual, every row: its sweeps read the sum back from L1 while memory would
+// otherwise idle, and two input streams wait behind each row's add (benchmarks.kernel_ab,
+// afwd float32, 2 threads, 20 rounds: 8192 x 768 1.22x, 4096 x 1024 1.09x, 1024 x 4096 and
+// bfloat16 unchanged). Without one, float32 rows under 8 KiB lost to it (4096 x 1000
+// 0.74x, 16384 x 768 0.93x, 4096 x 1024 0.92x in the same tool).
 template <typename T>
-inline bool forward_prefetches(int64_t N) {
+inline bool forward_prefetches(int64_t N, bool residual) {
   const int64_t row_bytes = N * int64_t(sizeof(T));
-  return sizeof(T) == 2 || (row_bytes >= 8 * 1024 && row_bytes <= 16 * 1024);
+  return sizeof(T) == 2 || residual || (row_bytes >= 8 * 1024 && row_bytes <= 16 * 1024);
 }
 
 // What normalizing a row needs: its shift (LayerNorm: median_of_three; RMSNorm: 0), the
@@ -399,7 +404,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
                          N * int64_t(sizeof(T)) <= kStageBytes && pages_resident(a.sum, bytes);
   // float16/bfloat16 rows ask for a later row's inputs while one computes (1 thread,
   // 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element). float32/float64 rows of 8-16 KiB
-  // do too (2 threads, two builds in turns, 4 rounds, 16384 rows: float32 2048 wide
+  // and rows with a residual (forward_prefetches) do too (2 threads, two builds in turns, 4 rounds, 16384 rows: float32 2048 wide
   // 5.8-6.7 -> 4.6-6.0 ms, 4096 wide 11.3-11.7 -> 10.1-10.7, float64 2048 wide 11.1-11.5
   // -> 10.1-10.7); shorter ones already keep memory busy and lost up to 2x to the extra
   // requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32 KiB ones 5% (float64
@@ -412,7 +417,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   // asked for the next one too late (2 threads, out of cache: 768 wide 0.14 -> 0.12 ns per
   // element, 1024 wide 0.13 -> 0.12; 2048-4096 the same).
   constexpr int64_t kAhead = 2;
-  const bool prefetches = forward_prefetches<T>(N);
+  const bool prefetches = forward_prefetches<T>(N, a.residual != nullptr);
   const bool statistics_ahead = !kCentered && sizeof(T) == 2 && a.residual == nullptr &&
                                 N * int64_t(sizeof(T)) <= 8 * 1024;
   parallel_chunks(a.M, row_grain(N), [&](int64_t begin, int64_t end) {
