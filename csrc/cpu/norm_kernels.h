@@ -406,9 +406,9 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   // 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element), and so do rows with a residual
   // (forward_prefetches). float32/float64 rows of 8-16 KiB do too (2 threads, two builds in
   // turns, 4 rounds, 16384 rows: float32 2048 wide 5.8-6.7 -> 4.6-6.0 ms, 4096 wide
-  // 11.3-11.7 -> 10.1-10.7, float64 2048 wide 11.1-11.5 -> 10.1-10.7); shorter ones already keep memory busy and lost up to 2x to the extra
-  // requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32 KiB ones 5% (float64
-  // 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks for the input row during its
+  // 11.3-11.7 -> 10.1-10.7, float64 2048 wide 11.1-11.5 -> 10.1-10.7); shorter ones
+  // already keep memory busy and lost up to 2x to the extra requests (4096 x 1000 float32:
+  // 0.57-0.70 -> 1.04-1.31 ms), 32 KiB ones 5% (float64 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks for the input row during its
   // statistics sweep: asked during the normalize sweep, which in-order widening and
   // AVX512_BF16 rounding made short, they came too late (2 threads, 16384 x 4096
   // bfloat16: 0.112 -> 0.145 ns per element; 0.113 from the statistics sweep). RMSNorm's
