@@ -402,20 +402,20 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   // bfloat16 1.2-1.45 -> 1.0-1.15).
   const bool stage_sum = a.residual != nullptr && stream &&
                          N * int64_t(sizeof(T)) <= kStageBytes && pages_resident(a.sum, bytes);
-  // float16/bfloat16 rows ask for a later row's inputs while one computes (1 thread,
-  // 16384 x 4096 bfloat16: 0.32 -> 0.24 ns per element), and so do rows with a residual
+  // float16/bfloat16 rows ask for a later row's inputs while one computes (1 thread, 16384 x
+  // 4096 bfloat16: 0.32 -> 0.24 ns per element), and so do rows with a residual
   // (forward_prefetches). float32/float64 rows of 8-16 KiB do too (2 threads, two builds in
-  // turns, 4 rounds, 16384 rows: float32 2048 wide 5.8-6.7 -> 4.6-6.0 ms, 4096 wide
-  // 11.3-11.7 -> 10.1-10.7, float64 2048 wide 11.1-11.5 -> 10.1-10.7); shorter ones
-  // already keep memory busy and lost up to 2x to the extra requests (4096 x 1000 float32:
-  // 0.57-0.70 -> 1.04-1.31 ms), 32 KiB ones 5% (float64 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks for the input row during its
-  // statistics sweep: asked during the normalize sweep, which in-order widening and
-  // AVX512_BF16 rounding made short, they came too late (2 threads, 16384 x 4096
-  // bfloat16: 0.112 -> 0.145 ns per element; 0.113 from the statistics sweep). RMSNorm's
-  // statistics sweep is one fma per register, and a residual's row still comes during the
-  // normalize sweep. Two rows ahead of the statistics sweep, not the next: short rows
-  // asked for the next one too late (2 threads, out of cache: 768 wide 0.14 -> 0.12 ns per
-  // element, 1024 wide 0.13 -> 0.12; 2048-4096 the same).
+  // turns, 4 rounds, 16384 rows: float32 2048 wide 5.8-6.7 -> 4.6-6.0 ms, 4096 wide 11.3-11.7 ->
+  // 10.1-10.7, float64 2048 wide 11.1-11.5 -> 10.1-10.7); shorter ones already keep memory busy
+  // and lost up to 2x to the extra requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32
+  // KiB ones 5% (float64 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks for the input row
+  // during its statistics sweep: asked during the normalize sweep, which in-order widening and
+  // AVX512_BF16 rounding made short, they came too late (2 threads, 16384 x 4096 bfloat16: 0.112
+  // -> 0.145 ns per element; 0.113 from the statistics sweep). RMSNorm's statistics sweep is one
+  // fma per register, and a residual's row still comes during the normalize sweep. Two rows
+  // ahead of the statistics sweep, not the next: short rows asked for the next one too late (2
+  // threads, out of cache: 768 wide 0.14 -> 0.12 ns per element, 1024 wide 0.13 -> 0.12;
+  // 2048-4096 the same).
   constexpr int64_t kAhead = 2;
   const bool prefetches = forward_prefetches<T>(N, a.residual != nullptr);
   const bool statistics_ahead = !kCentered && sizeof(T) == 2 && a.residual == nullptr &&
