@@ -6,6 +6,8 @@
 
 #include <c10/macros/Macros.h>
 
+#include <cstdint>
+
 namespace fusednorm {
 
 template <typename acc_t>
@@ -54,6 +56,14 @@ template <typename acc_t>
 C10_HOST_DEVICE inline acc_t median_of_three(acc_t a, acc_t b, acc_t c) {
   const acc_t lo = a < b ? a : b, hi = a < b ? b : a;
   return c < lo ? lo : (c > hi ? hi : c);
+}
+
+// That shift for a row of N > 0 values, value_at(i) giving its i-th as acc_t (the CPU and
+// CUDA kernels read their rows differently: with or without a residual, per chunk).
+template <typename acc_t, typename ValueAt>
+C10_HOST_DEVICE inline acc_t row_shift_of(int64_t N, ValueAt value_at) {
+  const acc_t first = value_at(0);
+  return N < 3 ? first : median_of_three(first, value_at(1), value_at(2));
 }
 
 // a + b as the nearest acc_t and the exact rest (Knuth's TwoSum: no branch on which is

@@ -372,11 +372,8 @@ RowMoments<acc_t> row_moments(const T* x, int64_t N, acc_t eps, const T* prefetc
   RowMoments<acc_t> m;
   if constexpr (kCentered) {
     // The shift: see median_of_three.
-    if (N >= 3) {
-      m.shift = median_of_three(static_cast<acc_t>(x[0]), static_cast<acc_t>(x[1]),
-                                static_cast<acc_t>(x[2]));
-    } else if (N > 0) {
-      m.shift = static_cast<acc_t>(x[0]);
+    if (N > 0) {
+      m.shift = row_shift_of<acc_t>(N, [x](int64_t i) { return static_cast<acc_t>(x[i]); });
     }
     const WelfordState<acc_t> stats =
         prefetch_row != nullptr ? row_statistics<T, acc_t, true>(x, N, m.shift, prefetch_row)

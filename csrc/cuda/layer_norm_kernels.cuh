@@ -345,10 +345,9 @@ __device__ __forceinline__ T normalized_input(const T* x, const T* residual, int
 template <typename T>
 __device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual,
                                                    int64_t row_start, int64_t N) {
-  const acc_type_t<T> first = to_acc(normalized_input(x, residual, row_start));
-  if (N < 3) return first;
-  return median_of_three(first, to_acc(normalized_input(x, residual, row_start + 1)),
-                         to_acc(normalized_input(x, residual, row_start + 2)));
+  return row_shift_of<acc_type_t<T>>(N, [&](int64_t i) {
+    return to_acc(normalized_input(x, residual, row_start + i));
+  });
 }
 
 // Statistics are taken of x - shift with shift = the median of the row's first three
