@@ -145,27 +145,13 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         using T = decltype(input_tag);
         using P = decltype(param_tag);
         using acc_t = acc_type<T>;
-        // Scratch before the outputs (see thread_scratch), with a page of slack per partial
-        // row set, placed below once dx exists: in calls of 1 MiB of input or more (a small
-        // call's rows stay in cache, and its host time is what counts).
-        const bool place_partials = blocks > 0 && M * N * int64_t(sizeof(T)) >= (int64_t(1) << 20);
-        const int64_t part_count =
-            blocks * N + (place_partials ? kPageBytes / int64_t(sizeof(acc_t)) : 0);
+        // Scratch before the outputs (see thread_scratch).
+        const int64_t part_count = blocks * N;
         acc_t* scratch = thread_scratch<acc_t>((centered ? 2 : 1) * part_count, own_partials);
         const ParamsInAcc<acc_t> params = params_in_acc_type<T, acc_t>(weight, std::nullopt, N);
         grad_input = at::empty_like(input);
-        // The partial rows away from dy, x, dx and dsum (and each other) modulo 4 KiB
-        // (partials.h).
-        const void* dy = grad_out.const_data_ptr();
-        const void* x = input.const_data_ptr();
-        const void* dx = grad_input.const_data_ptr();
-        const void* dsum = data_or_null<T>(grad_sum);
-        auto place = [&](acc_t* slot, std::initializer_list<const void*> taken) {
-          return place_partials ? at_page_offset(slot, page_offset_away_from(taken)) : slot;
-        };
-        acc_t* partial_w = place(scratch, {dy, x, dx, dsum});
-        acc_t* partial_b = centered ? place(scratch + part_count, {dy, x, dx, dsum, partial_w})
-                                    : nullptr;
+        acc_t* partial_w = scratch;
+        acc_t* partial_b = centered ? scratch + part_count : nullptr;
         grad_weight =
             given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
         grad_bias = given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());

@@ -11,48 +11,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <initializer_list>
 #include <memory>
 
 namespace fusednorm::cpu {
-
-// Partial rows are placed in their scratch at an offset within the 4 KiB page that is far
-// from the offsets of the rows read and written with them: a backward whose partials lay
-// within 512 bytes of dy and x modulo 4 KiB ran 10-12% slower (bfloat16 16384 x 768, 2
-// threads) in benchmarks/kernel_ab before e818848, whose buffers were not 64-byte aligned.
-// With aligned (or 16-byte-offset) buffers the same near/far comparison reads 0.98-1.01x
-// (docs/DESIGN.md): a precaution now, not a measured gain. kPageBytes of slack per partial
-// row set buys the freedom to choose.
-constexpr int64_t kPageBytes = 4096;
-
-// The page offset (a multiple of 64) farthest from every address in `taken` modulo 4 KiB.
-inline int64_t page_offset_away_from(std::initializer_list<const void*> taken) {
-  int64_t best = 0, best_distance = -1;
-  for (int64_t offset = 0; offset < kPageBytes; offset += 64) {
-    int64_t nearest = kPageBytes;
-    for (const void* p : taken) {
-      if (p == nullptr) continue;
-      const int64_t at = int64_t(reinterpret_cast<std::uintptr_t>(p) % kPageBytes);
-      const int64_t d = std::abs(offset - at);
-      nearest = std::min({nearest, d, kPageBytes - d});
-    }
-    if (nearest > best_distance) {
-      best = offset;
-      best_distance = nearest;
-    }
-  }
-  return best;
-}
-
-// The first address at or after p whose page offset is `offset` (a multiple of 64; p is
-// 64-byte aligned, so the result is too): less than kPageBytes on.
-template <typename T>
-T* at_page_offset(T* p, int64_t offset) {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  const int64_t skip =
-      ((offset - int64_t(address % kPageBytes)) % kPageBytes + kPageBytes) % kPageBytes;
-  return reinterpret_cast<T*>(address + skip);
-}
 
 // Row blocks for `rows` rows of `cols` columns: at most 64 (enough to keep the threads of
 // a large machine busy), at least kMinRowsPerBlock rows each (a partial row costs a read
