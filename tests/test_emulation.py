@@ -154,6 +154,19 @@ def cases_for(pass_, t, p):
     return lines
 
 
+def capped_cluster_cases(pass_, t, p):
+    """(case line, blocks of its clustered launch): chunked rows on a device of 4
+    multiprocessors of 2 blocks (a grid of 8 blocks: 4 clusters of 2, or 2 of 4) that holds
+    only one or three clusters at once. The launch keeps to that many clusters (its grid is
+    persistent); in the backward, the parameter gradients' partial rows follow that grid."""
+    big = largest_row(pass_, t, True)
+    vec = 16 // SIZE[t]
+    return [(f"{pass_} {t} {p} {rows} {n} {AFFINE[i % len(AFFINE)]} 0 0 "
+             f"{ORDERS[i % len(ORDERS)]} 4 clusters={k}", blocks)
+            for i, (rows, n, k, blocks) in enumerate([(9, 2 * big, 1, 2), (13, 2 * big, 3, 6),
+                                                      (7, 4 * big - vec, 1, 4)])]
+
+
 def check_ok_with_cluster_launches(binary, cases):
     """Runs (case line, expected clustered launches) pairs: every case passes and made the
     clustered launches expected of it (so each is known to have taken its path)."""
@@ -172,8 +185,14 @@ def test_emulated_cluster_long_rows(harness, pass_, t, p):
     """Rows of 2 to 8 chunks held by the blocks of a thread-block cluster (sm_90's path), in
     one launch, against float64; 9 chunks (more than a portable cluster) and launches
     without clusters take the chunked three-launch path."""
-    cases = cluster_cases(pass_, t, p)
-    check_ok_with_cluster_launches(harness, cases)
+    check_ok_with_cluster_launches(harness, cluster_cases(pass_, t, p))
+    capped = capped_cluster_cases(pass_, t, p)
+    code, out, err = run_cases(harness, [line for line, _ in capped])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    assert code == 0 and len(results) == len(capped), f"exit {code}:\n{out}\n{err[-3000:]}"
+    for (line, blocks), result in zip(capped, results):
+        assert result.startswith(f"ok {line} |"), result
+        assert result.endswith(f"cluster-blocks {blocks} clustered 1"), result
 
 
 # The norm family's other variants, as harness flags: RMSNorm, LayerNorm with a residual

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -73,23 +74,31 @@ void launch_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, dim
 #endif
 }
 
-// Whether `kernel` may be launched in clusters of `blocks` blocks of `threads` on the
-// device: the device supports cluster launches, the kernel's code was compiled for sm_90 or
-// newer (not JIT-compiled from older PTX, whose cluster helpers trap), and such a cluster
-// fits the device. Cached per device and cluster size in `cache` (0 unknown, 1 yes, 2 no).
+// How many clusters of `blocks` blocks of `threads` running `kernel` the device holds at
+// once (cudaOccupancyMaxActiveClusters), or 0 where it may not launch them: the device lacks
+// cluster launches, the kernel's code was not compiled for sm_90 or newer (JIT-compiled from
+// older PTX, whose cluster helpers trap), or no such cluster fits. The launchers' grids are
+// persistent (each block loops over row groups), so they launch at most this many clusters:
+// per-multiprocessor occupancy x SMs / blocks can exceed it (a cluster's blocks share one
+// GPC, and GPC sizes need not divide by the cluster size), and the clusters over it would
+// start only when the first ones had finished all their rows. Cached per device and cluster
+// size in `cache` (0 unknown, -1 none, else the count).
 template <typename Kernel>
-bool cluster_launch_ok(Kernel kernel, int threads, int blocks, int device,
-                       std::atomic<int> (*cache)[kMaxClusterBlocks + 1]) {
+int resident_clusters(Kernel kernel, int threads, int blocks, int device,
+                      std::atomic<int> (*cache)[kMaxClusterBlocks + 1]) {
 #ifdef FUSEDNORM_EMULATION
   (void)kernel, (void)threads, (void)device, (void)cache;
-  return blocks >= 2 && blocks <= kMaxClusterBlocks && ::emu::config().clusters;
+  const ::emu::Config& emulated = ::emu::config();
+  if (blocks < 2 || blocks > kMaxClusterBlocks || !emulated.clusters) return 0;
+  if (emulated.resident_clusters > 0) return emulated.resident_clusters;
+  return std::max(1, emulated.sm_count * emulated.blocks_per_sm / blocks);
 #else
   constexpr int kCachedDevices = 64;
   if (blocks < 2 || blocks > kMaxClusterBlocks || device < 0 || device >= kCachedDevices) {
-    return false;
+    return 0;
   }
   const int known = cache[device][blocks].load(std::memory_order_relaxed);
-  if (known != 0) return known == 1;
+  if (known != 0) return std::max(known, 0);
   int supported = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, device));
   bool ok = supported != 0;
@@ -98,6 +107,7 @@ bool cluster_launch_ok(Kernel kernel, int threads, int blocks, int device,
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     ok = attributes.ptxVersion >= 90;
   }
+  int clusters = 0;
   if (ok) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(1, blocks);
@@ -109,12 +119,11 @@ bool cluster_launch_ok(Kernel kernel, int threads, int blocks, int device,
     attribute[0].val.clusterDim.z = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
-    int clusters = 0;
     ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
     (void)cudaGetLastError();  // a refused query leaves no error behind
   }
-  cache[device][blocks].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
+  cache[device][blocks].store(ok ? clusters : -1, std::memory_order_relaxed);
+  return ok ? clusters : 0;
 #endif
 }
 

@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // Clustered launches need sm_90 (cluster_launch_ok); below it the instantiation is empty.
+  // Clustered launches need sm_90 (resident_clusters); below it the instantiation is empty.
   if constexpr (CLUSTER) {
     __trap();
     return;
@@ -999,16 +999,18 @@ void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
 }
 
 // The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
-// build allow it (cluster_launch_ok); returns whether it launched.
+// build allow it, with at most as many clusters as fit at once (resident_clusters); returns
+// whether it launched.
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
   constexpr auto kernel = layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
   constexpr int kBlock = RowLayout<TPR>::kBlock;
-  if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
-    return false;
-  }
+  if (grid.y != p.chunks) return false;
+  const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), dev.index, cache);
+  if (clusters == 0) return false;
+  grid.x = std::min(grid.x, unsigned(clusters));
   launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
@@ -1116,19 +1118,22 @@ void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The chunked backward in one launch of clusters (as try_launch_fwd_cluster).
+// How many clusters of p.chunks blocks the chunked backward's clustered launch may use (as
+// try_launch_fwd_cluster), 0 where it cannot run in clusters. Asked before the launch: the
+// parameter-gradient partials take one row per block of grid.x.
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-bool try_launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
-                            cudaStream_t stream) {
+int bwd_resident_clusters(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
   constexpr auto kernel = layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
-  constexpr int kBlock = RowLayout<TPR>::kBlock;
-  if (grid.y != p.chunks || !cluster_launch_ok(kernel, kBlock, int(p.chunks), dev.index, cache)) {
-    return false;
-  }
-  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
+  if (grid.y != p.chunks) return 0;
+  return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), dev.index, cache);
+}
+
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
+void launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
+  launch_cluster_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>, grid,
+                        RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return true;
 }
 
 template <typename T, typename P>
@@ -1179,7 +1184,17 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    const dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems, CENTERED>(p, dev);
+    dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems, CENTERED>(p, dev);
+    // Chunked rows run in one clustered launch where possible (see run_fwd: only the
+    // largest bucket chunks), of at most as many clusters as fit at once.
+    bool clustered = false;
+    if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
+      if (split.chunks > 1) {
+        const int clusters = bwd_resident_clusters<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev);
+        clustered = clusters > 0;
+        if (clustered) grid.x = std::min(grid.x, unsigned(clusters));
+      }
+    }
     // One partial row per block ([grid.x, grads * N]: dweight's columns, then dbias's).
     const int grads = int(a.dweight != nullptr) + int(a.dbias != nullptr);
     const int64_t part_stride = grads * a.N;
@@ -1191,13 +1206,13 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
     p.part_stride = part_stride;
     p.dweight_part = dweight_part;
     p.dbias_part = dbias_part;
+    p.mode = kFull;
     bool launched = false;
-    if (split.chunks == 1) {
-      p.mode = kFull;
-    } else if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
-      // One clustered launch where possible (see run_fwd: only the largest bucket chunks).
-      p.mode = kFull;
-      launched = try_launch_bwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev, stream);
+    if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
+      if (clustered) {
+        launch_bwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+        launched = true;
+      }
     }
     if (split.chunks > 1 && !launched) {
       const auto param_parts = std::make_pair(p.dweight_part, p.dbias_part);

@@ -3,7 +3,7 @@
 // and checks every output against a float64 reference computed here. Reads cases from
 // stdin, one per line:
 //
-//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters]
+//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters[=K]]
 //            [rms] [res | resmis] [outlier]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
@@ -12,19 +12,21 @@
 // the fibers of a block and the blocks run in); sm_count: the multiprocessors the launchers
 // size their grids for (default 2; each is told 2 resident blocks); clusters: let the
 // launchers use thread-block clusters for chunked rows, as on sm_90 (default: not, as
-// before sm_90); rms: RMSNorm (affine w or none) instead of LayerNorm; res: a residual
+// before sm_90); clusters=K: the same, with the device holding only K clusters at once
+// (what cudaOccupancyMaxActiveClusters answers; by default as many as its blocks); rms: RMSNorm (affine w or none) instead of LayerNorm; res: a residual
 // (forward: s = x + residual is written and normalized; backward: grad_sum added to dx),
 // placed like x; resmis: the same, with the residual / grad_sum one element past 16-byte
 // alignment while x is not moved; outlier (LayerNorm, N >= 3): one of each row's first
 // three values (which one varies by row) sits 1000 times the row's scale from the others,
 // and the forward's y must come within 16 units of the accumulator's rounding instead of
 // 512 (shifting the statistics by such a value loses about sqrt(N) units). Prints
-// "ok <case> | launches L clustered C" (the kernel launches the case made, and how many of
-// them in clusters) or "FAIL <case>: why" per line; exits 1 if any
+// "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
+// the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>: why" per line; exits 1 if any
 // failed. Emulation errors (barrier misuse, misaligned vector access, out-of-bounds access)
 // abort with a message.
 #include <cuda_runtime.h>  // the emulation's (tests/emulation/include)
 
+#include <algorithm>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -329,9 +331,13 @@ int main() {
     // Optional: a multiprocessor count, and "clusters" (sm_90's clustered launches allowed).
     int sms = 2;
     bool clusters = false;
+    int resident_clusters = 0;
     for (std::string extra; parsed && in >> extra;) {
       if (extra == "clusters") {
         clusters = true;
+      } else if (extra.rfind("clusters=", 0) == 0) {
+        clusters = true;
+        resident_clusters = std::max(1, std::atoi(extra.c_str() + 9));
       } else if (extra == "rms") {
         c.centered = false;
       } else if (extra == "res") {
@@ -353,6 +359,7 @@ int main() {
     const bool bad_outlier = c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd");
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
+    emu::config().resident_clusters = resident_clusters;
     if (!parsed || sms < 1 || rms_bias || bad_outlier) {
       std::cout << "FAIL " << line << ": cannot parse" << std::endl;
       ++failed;
@@ -363,11 +370,13 @@ int main() {
                                                  : emu::Order::kAscending;
     std::cerr << "running " << line << std::endl;  // names the case if the emulator aborts
     const long launches = emu::config().launches, clustered = emu::config().cluster_launches;
+    const long cluster_blocks = emu::config().cluster_launch_blocks;
     const std::string why = dispatch(c);
     ++ran;
     if (why.empty()) {
       // The launch counts show which path ran (e.g. 1 clustered launch for a chunked row).
       std::cout << "ok " << line << " | launches " << emu::config().launches - launches
+                << " cluster-blocks " << emu::config().cluster_launch_blocks - cluster_blocks
                 << " clustered " << emu::config().cluster_launches - clustered << std::endl;
     } else {
       std::cout << "FAIL " << line << ": " << why << std::endl;

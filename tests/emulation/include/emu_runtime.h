@@ -143,9 +143,11 @@ struct Config {
   int blocks_per_sm = 2;  // what the occupancy query answers
   Order order = Order::kAscending;
   bool clusters = false;  // whether the launchers may use clustered launches
+  int resident_clusters = 0;  // what the cluster occupancy query answers (0: as blocks allow)
   unsigned seed = 1;
   long launches = 0;
   long cluster_launches = 0;
+  long cluster_launch_blocks = 0;  // blocks of the clustered launches
 };
 
 inline Config& config() {
@@ -390,6 +392,7 @@ void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 clust
   if (block.x * block.y * block.z > 1024) fail("more than 1024 threads per block");
   ++config().launches;
   ++config().cluster_launches;
+  config().cluster_launch_blocks += long(grid.x) * grid.y * grid.z;
   std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
   reserve_stacks(size, int(block.x * block.y * block.z));
   for (unsigned cz = 0; cz < grid.z / cluster.z; ++cz) {
