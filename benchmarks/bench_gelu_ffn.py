@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     for note in notes:
         print(f"[{SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),
+                               stop_at=cli.stop_at(args),
                                floor_provider=FLOOR, notes=notes)
     builders = [case_builder(M, d, h, dtype, device, names)
                 for dtype in dtypes for M, d, h in shapes]

@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     for note in notes:
         print(f"[{SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),
+                               stop_at=cli.stop_at(args),
                                floor_provider=floors.FRESH_COPY, floor_key=floors.FLOOR_KEY,
                                notes=notes)
     builders = [case_builder(M, N, dtype, device, names) for dtype, M, N in cases]

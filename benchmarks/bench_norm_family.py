@@ -188,6 +188,7 @@ def run(suite: NormSuite, args: argparse.Namespace):
     for note in notes:
         print(f"[{suite.SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(suite.SUITE, device, args.passes, cli.budget_s(args, device),
+                               stop_at=cli.stop_at(args),
                                floor_provider=floors.FRESH_COPY, floor_key=floors.FLOOR_KEY,
                                notes=notes)
     builders = [case_builder(suite, M, N, dtype, device, names)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -66,6 +67,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                             "published results: run on a quiet machine)")
     parser.add_argument("--time-per-measurement", type=float, default=None, metavar="S",
                         help="seconds per timed measurement (default 0.35 CPU, 0.2 GPU; quick: 0.1)")
+    parser.add_argument("--stop-after", type=float, default=None, metavar="S",
+                        help="start no new case after S seconds (counted from the start of "
+                             "the run); the cases timed by then are written, the file says "
+                             "how many were not run. For a machine lent for minutes; not "
+                             "with --save")
     parser.add_argument("--cpu-memory", choices=harness.CPU_MEMORY_MODES, default="reuse",
                         help="CPU runs: 'reuse' (default): new outputs reuse freed memory, as "
                              "under a caching allocator in training; 'fresh': glibc's "
@@ -98,6 +104,8 @@ def out_root(args: argparse.Namespace) -> Path:
     if getattr(args, "save", False):
         if args.quick:
             raise SystemExit("--save publishes results: not with --quick (a smoke run)")
+        if getattr(args, "stop_after", None) is not None:
+            raise SystemExit("--save publishes complete results: not with --stop-after")
         return stamp.RESULTS_DIR
     if args.out is not None:
         return args.out
@@ -109,6 +117,16 @@ def warn_unpublishable(args: argparse.Namespace) -> None:
     if getattr(args, "save", False) and stamp.git_commit().endswith("-dirty"):
         print("warning: --save from a checkout with uncommitted changes; the results will be "
               "stamped '<commit>-dirty'", file=sys.stderr)
+
+
+def stop_at(args: argparse.Namespace) -> float | None:
+    """--stop-after as a time.monotonic() deadline, fixed at the first call (python -m
+    benchmarks fixes it once for all its suites)."""
+    if getattr(args, "stop_after", None) is None:
+        return None
+    if getattr(args, "stop_at", None) is None:
+        args.stop_at = time.monotonic() + args.stop_after
+    return args.stop_at
 
 
 def budget_s(args: argparse.Namespace, device: torch.device) -> float:

@@ -49,14 +49,19 @@ def main(argv: list[str] | None = None) -> None:
     cli.warn_unpublishable(args)
     device = cli.resolve_device(args.device, args.cpu_memory)
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
-    failed, folders = [], []
+    deadline = cli.stop_at(args)  # one deadline for the whole run
+    failed, folders, not_started = [], [], []
     for name in args.suites:
+        if deadline is not None and time.monotonic() >= deadline:
+            not_started.append(name)
+            continue
         module = SUITES[name]
         suite_args = module.parser().parse_args([])
         for key in ("device", "passes", "quick", "out", "save", "time_per_measurement",
-                    "cpu_memory"):
+                    "cpu_memory", "stop_after"):
             if hasattr(suite_args, key):
                 setattr(suite_args, key, getattr(args, key))
+        suite_args.stop_at = deadline
         start = time.monotonic()
         try:
             _, md, folder = module.run(suite_args)
@@ -70,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         folders.append(folder)
     for folder in dict.fromkeys(folders):
         print(where_note(folder, out), file=sys.stderr)
+    if not_started:
+        print(f"not started (--stop-after): {', '.join(not_started)}", file=sys.stderr)
     if failed:
         raise SystemExit(f"suite(s) failed: {', '.join(failed)}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -50,6 +51,7 @@ class Settings:
     floor_provider: str | None = None  # rows get <floor_key>: the floor's time over theirs
     floor_key: str = "pct_of_gemm"
     notes: list[str] = field(default_factory=list)
+    stop_at: float | None = None  # time.monotonic() after which no new case starts
 
 
 def _sig(value: float | None, digits: int = 4) -> float | None:
@@ -210,7 +212,8 @@ def run(
 ) -> dict:
     """Builds, checks and times every case (one at a time, to bound memory) and returns
     {suite, device, device_kind, torch, fusednorm_build, commit, date, copy_gbps,
-    rows}, and on the CPU cpu_memory (--cpu-memory)."""
+    rows}, and on the CPU cpu_memory (--cpu-memory); cases_not_run when settings.stop_at
+    came before the last case started (the first always runs)."""
     from tqdm import tqdm
 
     device = settings.device
@@ -231,7 +234,15 @@ def run(
     total = len(case_builders) * providers_per_case * len(settings.passes)
     with tqdm(total=total, desc=settings.suite, unit="timing", file=sys.stderr,
               dynamic_ncols=True) as bar:
-        for build in case_builders:
+        for index, build in enumerate(case_builders):
+            if index > 0 and settings.stop_at is not None and time.monotonic() >= settings.stop_at:
+                not_run = len(case_builders) - index
+                result["cases_not_run"] = not_run
+                message = (f"incomplete: stopped by --stop-after, {index} of "
+                           f"{len(case_builders)} cases timed, the other {not_run} not run")
+                settings.notes.append(message)
+                bar.write(f"[{settings.suite}] {message}")
+                break
             torch._dynamo.reset()  # each case compiles afresh, specialised to its shape
             case = build()
             label = f"{str(case.dtype).removeprefix('torch.')} " + "x".join(

@@ -179,6 +179,20 @@ def test_save_writes_the_committed_results_and_only_then():
         _out("--save", "--out", "/tmp/x")  # argparse: mutually exclusive
 
 
+def test_stop_after_writes_the_cases_timed_and_says_how_many_were_not(tmp_path):
+    """--stop-after (a machine lent for minutes): no case starts after the deadline, the
+    first always runs, and the file and its table say how many cases were left out."""
+    result, md, folder = _run(bench_layer_norm, tmp_path, "--shapes", "64x32,7x5,9x3",
+                              "--dtypes", "fp32", "--providers", "fusednorm,torch",
+                              "--stop-after", "0")
+    assert result["cases_not_run"] == 2
+    assert {(r["M"], r["N"]) for r in result["rows"]} == {(64, 32)}
+    assert "incomplete: stopped by --stop-after, 1 of 3 cases timed, the other 2 not run" in md
+    _check_files(result, folder, "layer_norm")
+    with pytest.raises(SystemExit):
+        _out("--save", "--stop-after", "60")  # published results are complete
+
+
 def test_run_all_says_where_the_files_are():
     local = run_all.where_note(stamp.LOCAL_DIR / "cpu-x", stamp.LOCAL_DIR)
     assert str(stamp.LOCAL_DIR / "cpu-x") in local and "untracked" in local and "--save" in local
