@@ -248,6 +248,8 @@ def write_build_config(extension):
     with open(os.path.join(ROOT, "fusednorm", "_build_config.py"), "w") as f:
         f.write("# Written by setup.py at build time.\n")
         f.write(f"CPU_CAPABILITY = {capability!r}\n")
+        # benchmarks.kernel_ab compiles its two sides with these, as the op was.
+        f.write(f"CPU_SIMD_FLAGS = {_cpu_flags(capability)!r}\n")
         f.write(f"CUDA = {'nvcc' in extension.extra_compile_args!r}\n")
         f.write(f"TORCH_CUDA_ARCH_LIST = {os.environ.get('TORCH_CUDA_ARCH_LIST', '')!r}\n")
         f.write(f"BUILT_WITH_TORCH = {torch.__version__!r}\n")

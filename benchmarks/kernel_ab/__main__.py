@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -30,25 +31,23 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
 PASSES = ("fwd", "afwd", "bwd")  # afwd: add + LayerNorm forward (the residual path)
-# The SIMD flags of setup.py's build for the level torch's own kernels run at.
-SIMD_FLAGS = {
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
-    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
-    "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
-}
 
 
-def simd_level() -> str:
-    have = torch.backends.cpu.get_cpu_capability().lower()
-    return "avx512" if have.startswith("avx512") else ("avx2" if have == "avx2" else "default")
+def build_config() -> dict:
+    """What fusednorm's own build compiled (setup.py writes fusednorm/_build_config.py): both
+    sides are compiled with its SIMD flags, so they run the instructions the op runs."""
+    path = REPO / "fusednorm" / "_build_config.py"
+    config = runpy.run_path(str(path)) if path.exists() else {}
+    if "CPU_SIMD_FLAGS" not in config:
+        raise SystemExit("benchmarks.kernel_ab compiles with the SIMD flags of fusednorm's build: "
+                         "build it first (python setup.py build_ext --inplace)")
+    return config
 
 
-def compile_flags() -> list[str]:
+def compile_flags(simd_flags: list[str]) -> list[str]:
     include = Path(torch.__file__).parent / "include"
     includes = [f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}"]
-    return ["-O3", "-std=c++20", "-fopenmp", "-ffp-contract=off", "-w",
-            *SIMD_FLAGS[simd_level()], *includes]
+    return ["-O3", "-std=c++20", "-fopenmp", "-ffp-contract=off", "-w", *simd_flags, *includes]
 
 
 def export_csrc(ref: str, into: Path) -> Path:
@@ -59,9 +58,9 @@ def export_csrc(ref: str, into: Path) -> Path:
     return into / "csrc"
 
 
-def build(base_csrc: Path, head_csrc: Path, workdir: Path) -> Path:
+def build(base_csrc: Path, head_csrc: Path, workdir: Path, simd_flags: list[str]) -> Path:
     cxx = os.environ.get("CXX", "c++")
-    flags = compile_flags()
+    flags = compile_flags(simd_flags)
     objects = []
     for side, csrc in (("base", base_csrc), ("head", head_csrc)):
         obj = workdir / f"variant_{side}.o"
@@ -104,14 +103,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads < 1 or args.rounds < 1:
         parser.error("--threads and --rounds must be at least 1")
 
+    config = build_config()
     with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp:
         workdir = Path(tmp)
         head = REPO / "csrc"
         base = head if args.same else export_csrc(args.base, workdir)
-        binary = build(base, head, workdir)
+        binary = build(base, head, workdir, config["CPU_SIMD_FLAGS"])
         label = "working tree" if args.same else args.base
         print(f"base: {label}, head: working tree; {args.threads} threads, {args.rounds} rounds,"
-              f" {simd_level()} build")
+              f" {config['CPU_CAPABILITY']} build")
         for pass_, dtype, m, n in args.cases:
             out = subprocess.run([str(binary), pass_, str(DTYPES[dtype]), str(m), str(n),
                                   str(args.threads), str(args.rounds)],
