@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
                       help="the working tree on both sides (how much a null change reads)")
     parser.add_argument("--cases", default="fwd:bf16:4096x1000,bwd:fp32:4096x1000",
                         type=lambda s: [parse_case(c) for c in s.split(",")],
-                        help="comma list of PASS:DTYPE:MxN (PASS fwd|afwd|bwd, DTYPE bf16|fp16|fp32)")
+                        help="comma list of PASS:DTYPE:MxN (PASS fwd|afwd|bwd, "
+                             "DTYPE bf16|fp16|fp32)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args(argv)

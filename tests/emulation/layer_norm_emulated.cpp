@@ -13,17 +13,18 @@
 // size their grids for (default 2; each is told 2 resident blocks); clusters: let the
 // launchers use thread-block clusters for chunked rows, as on sm_90 (default: not, as
 // before sm_90); clusters=K: the same, with the device holding only K clusters at once
-// (what cudaOccupancyMaxActiveClusters answers; by default as many as its blocks); rms: RMSNorm (affine w or none) instead of LayerNorm; res: a residual
-// (forward: s = x + residual is written and normalized; backward: grad_sum added to dx),
+// (what cudaOccupancyMaxActiveClusters answers; by default as many as its blocks); rms:
+// RMSNorm (affine w or none) instead of LayerNorm; res: a residual (forward: s = x +
+// residual is written and normalized; backward: grad_sum added to dx),
 // placed like x; resmis: the same, with the residual / grad_sum one element past 16-byte
 // alignment while x is not moved; outlier (LayerNorm, N >= 3): one of each row's first
 // three values (which one varies by row) sits 1000 times the row's scale from the others,
 // and the forward's y must come within 16 units of the accumulator's rounding instead of
 // 512 (shifting the statistics by such a value loses about sqrt(N) units). Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
-// the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>: why" per line; exits 1 if any
-// failed. Emulation errors (barrier misuse, misaligned vector access, out-of-bounds access)
-// abort with a message.
+// the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>:
+// why" per line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned
+// vector access, out-of-bounds access) abort with a message.
 #include <cuda_runtime.h>  // the emulation's (tests/emulation/include)
 
 #include <algorithm>
