@@ -57,7 +57,9 @@ inline OutputPath output_path(bool stream, const T* out, int64_t N, int64_t tile
   return tile_rows * row_bytes <= kStageBytes ? OutputPath::kStaged : OutputPath::kPlain;
 }
 
-// Asks for the cache lines of one block of kWidth elements of T into L2.
+// Asks for the cache lines of one block of kWidth elements of T into L2: one request per
+// line's worth of bytes from p, so that a row's blocks, asked for in turn, ask for every
+// line from the row's first up to the one that holds the last block's start.
 template <typename T, typename acc_t>
 C10_ALWAYS_INLINE void prefetch_block(const T* p) {
   constexpr int64_t kBytes = VecIO<T, acc_t>::kWidth * int64_t(sizeof(T));
@@ -65,6 +67,24 @@ C10_ALWAYS_INLINE void prefetch_block(const T* p) {
   for (int64_t offset = 0; offset < kBytes; offset += kCacheLine) {
     __builtin_prefetch(line + offset, 0, 2);
   }
+}
+
+// Asks for the lines of a row that its blocks' requests (prefetch_block) leave out: those of
+// its last `count` columns (the tail after the full blocks; a whole short row), and the
+// line of its last byte. A row that does not start on a line (N = 1000 bfloat16: 2000-byte
+// rows) ends in a line that no block starts in; that line and the tail's were read from
+// memory when the row was reached, a wait for every row. 2 threads, out of cache, two
+// builds in turns: bfloat16 4096 x 1000 backward 1.76-1.83 -> 1.40-1.43 ms, forward 0.94-1.00
+// -> 0.90-0.91; benchmarks.kernel_ab, 4096 x 1000: add + LayerNorm forward 1.16x (bfloat16)
+// and 1.18x (float32), float16 forward 1.10x, float32 backward 1.05x.
+template <typename T>
+C10_ALWAYS_INLINE void prefetch_last_columns(const T* row_end, int64_t count) {
+  if (count <= 0) return;
+  const char* end = reinterpret_cast<const char*>(row_end);
+  for (const char* p = end - count * int64_t(sizeof(T)); p < end; p += kCacheLine) {
+    __builtin_prefetch(p, 0, 2);
+  }
+  __builtin_prefetch(end - 1, 0, 2);
 }
 
 // One Welford step on a register of lanes that have all seen `count` values.
@@ -110,6 +130,7 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift, const T* 
     IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
     for (int r = 0; r < kRegs; ++r) welford_step(v[r] - vshift, inv_count, mean[r], m2[r]);
   }
+  if constexpr (kPrefetch) prefetch_last_columns(next + N, N - vec_end);
 
   WelfordState<acc_t> total;
   if (vec_end > 0) {
@@ -279,6 +300,8 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
       IO::template store<kNoNaN>(y + i, lo, hi);
     }
   }
+  if (next_a != nullptr) prefetch_last_columns(next_a + N, N - vec_end);
+  if (next_b != nullptr) prefetch_last_columns(next_b + N, N - vec_end);
   if (vec_end < N) {
     Vec lo, hi;
     normalize_block<T, acc_t, kWeight, kBias, true>(x, weight, bias, vec_end, N - vec_end,
@@ -545,6 +568,7 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
     sum_gx_lo = at::vec::fmadd(dlo, normalized<T>(xlo, vmean, vrstd, vshift), sum_gx_lo);
     sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, vshift), sum_gx_hi);
   }
+  if (prefetch_dy != nullptr) prefetch_last_columns(prefetch_dy + N, N - vec_end);
   if (vec_end < N && vec_end > 0) {  // the last columns: an overlapping tail (vec_io.h)
     Vec dlo, dhi, xlo, xhi;
     load_g_and_x(N - W, dlo, dhi, xlo, xhi);
@@ -685,6 +709,14 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
       prefetch_block<T, acc_t>(x + r * N);
       if (dsum != nullptr) prefetch_block<T, acc_t>(dsum + r * N);
     }
+  } else if (kBlock != Block::kFull && row + kAhead < a.M) {  // and the rows' last lines
+    const int64_t next_rows = std::min(kRows, a.M - row - kAhead);
+    for (int64_t r = kAhead; r < kAhead + next_rows; ++r) {
+      const int64_t row_end = r * N + N - i;  // from this block's columns
+      if (!stream) prefetch_last_columns(dy + row_end, count);
+      prefetch_last_columns(x + row_end, count);
+      if (dsum != nullptr) prefetch_last_columns(dsum + row_end, count);
+    }
   }
   // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
   // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
@@ -785,9 +817,7 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
   if (a.dsum != nullptr) {
     // dsum is read only by the second sweep: ask for its rows now, so that they arrive
     // while row_grad_means streams dy and x (else that sweep waits on memory for them).
-    const char* first = reinterpret_cast<const char*>(a.dsum + row * N);
-    const char* last = reinterpret_cast<const char*>(a.dsum + (row + rows) * N);
-    for (const char* p = first; p < last; p += kCacheLine) __builtin_prefetch(p, 0, 2);
+    prefetch_last_columns(a.dsum + (row + rows) * N, rows * N);
   }
   // With dx streamed, the first sweep asks for the dy of the rows a tile ahead and the
   // second for their x: else all of the next tile's reads are asked for in the second
