@@ -57,6 +57,13 @@ inline OutputPath output_path(bool stream, const T* out, int64_t N, int64_t tile
   return tile_rows * row_bytes <= kStageBytes ? OutputPath::kStaged : OutputPath::kPlain;
 }
 
+// How far behind the block being computed a staged row is streamed out (StagedTileStream),
+// in blocks: a line loaded back from the stage while the stores that wrote it still wait in
+// the store queue cannot take their data and waits for them (two blocks behind, the bfloat16
+// backward at 4096 x 1000 was 1.4x slower; eight, about the queue's depth in a backward
+// block's stores, gains nothing in bfloat16 and 1.1x in float32, two builds in turns).
+constexpr int64_t kStagedLagBlocks = 8;
+
 // Asks for the cache lines of one block of kWidth elements of T into L2: one request per
 // line's worth of bytes from p, so that a row's blocks, asked for in turn, ask for every
 // line from the row's first up to the one that holds the last block's start.
@@ -282,7 +289,8 @@ C10_ALWAYS_INLINE void normalize_block(const T* x, const acc_t* weight, const ac
 template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream>
 void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
                           acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
-                          const acc_t* __restrict__ bias, const T* next_a, const T* next_b) {
+                          const acc_t* __restrict__ bias, const T* next_a, const T* next_b,
+                          StagedTileStream* staged) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
@@ -299,6 +307,9 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
     } else {
       IO::template store<kNoNaN>(y + i, lo, hi);
     }
+    if (staged != nullptr) {
+      staged->written(0, (i + W - kStagedLagBlocks * W) * int64_t(sizeof(T)));
+    }
   }
   if (next_a != nullptr) prefetch_last_columns(next_a + N, N - vec_end);
   if (next_b != nullptr) prefetch_last_columns(next_b + N, N - vec_end);
@@ -313,20 +324,22 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
 // y = ((x - shift) - mean) * rstd * weight + bias over one row (weight, bias optional;
 // shift = mean = 0 for RMSNorm): one rounding to T at the store. no_nan: the row's outputs
 // are known not to be NaN (row_output_has_no_nan), so bfloat16 rounds without a NaN mask.
-// next_a and next_b (either may be null) are prefetched into L2 along the way.
+// next_a and next_b (either may be null) are prefetched into L2 along the way; staged (may
+// be null): y is a staging buffer that it streams out to memory as it fills.
 template <typename T, typename acc_t, bool kWeight, bool kBias>
 void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
                    const acc_t* weight, const acc_t* bias, bool stream, bool no_nan,
-                   const T* next_a = nullptr, const T* next_b = nullptr) {
+                   const T* next_a = nullptr, const T* next_b = nullptr,
+                   StagedTileStream* staged = nullptr) {
   // Only bfloat16 rounds differently without NaN lanes; other types keep one variant.
   constexpr bool kNoNaNMatters = std::is_same_v<T, c10::BFloat16>;
   dispatch_bool(stream, [&](auto kStream) {
     if (kNoNaNMatters && no_nan) {
       normalize_vectorized<T, acc_t, kWeight, kBias, true, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b);
+          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b, staged);
     } else {
       normalize_vectorized<T, acc_t, kWeight, kBias, false, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b);
+          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b, staged);
     }
   });
 }
@@ -459,10 +472,13 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
       // of the shifted statistics that the rounded mean lost. (Subtracting the shift, the
       // row's first value, instead lost 2^-24 of |x[0] - mean| in every output: 1e-5 of
       // sigma where x[0] sat 80 sigma from the rest.)
+      StagedTileStream staged(reinterpret_cast<char*>(a.y + row * N), stage,
+                              N * int64_t(sizeof(T)), 1);
       normalize_row<T, acc_t, kWeight, kCentered && kBias>(
           x, yr, N, mean, rest, m.rstd, a.weight, a.bias, path == OutputPath::kStream,
-          row_output_has_no_nan(a.params_finite, mean, m.rstd), next_a, next_b);
-      if (path == OutputPath::kStaged) stream_copy(a.y + row * N, stage, N * int64_t(sizeof(T)));
+          row_output_has_no_nan(a.params_finite, mean, m.rstd), next_a, next_b,
+          path == OutputPath::kStaged ? &staged : nullptr);
+      if (path == OutputPath::kStaged) staged.finish();
     };
     if (statistics_ahead) {
       // RMSNorm's float16/bfloat16 statistics run one row ahead of its normalize sweep: a
@@ -617,6 +633,7 @@ constexpr int64_t kPrefetchTiles = sizeof(T) == 2 ? 2 : 1;
 // and dx all fall in the same L1 set (8 ways); four rows overflowed it (measured, bfloat16
 // backward: 1024 x 4096 7.2 -> 2.3 ms, 4096 x 1024 2.0 -> 1.7 ms; one row is slower again).
 constexpr int64_t kRowTile = 2;
+static_assert(StagedTileStream::kMaxRows >= kRowTile);
 
 // Pointers of one backward call: x is what was normalized (the sum with a residual), mean
 // null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
@@ -781,7 +798,7 @@ template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeigh
           bool kParamGrads, bool kNoNaN>
 void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
                            const TileStats<acc_t>& s, T* dx_tile, acc_t* dweight_part,
-                           acc_t* dbias_part, bool stream) {
+                           acc_t* dbias_part, bool stream, StagedTileStream* staged) {
   constexpr int64_t W = VecIO<T, acc_t>::kWidth;
   // Local copies: through the references, every vector store (which may alias anything)
   // made the compiler reload the pointers and row constants (0.22 -> 0.25 ns per element).
@@ -800,6 +817,11 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
                           Block::kFull>(args, row, stats, dx_tile, dweight_part, dbias_part,
                                         i, W, stream);
+    // The staged rows' columns before the last kStagedLagBlocks blocks are final.
+    if (staged != nullptr) {
+      const int64_t final_columns = i + W - kStagedLagBlocks * W;
+      for (int64_t r = 0; r < kRows; ++r) staged->written(r, final_columns * int64_t(sizeof(T)));
+    }
   }
   if (vec_end == 0 && args.N > 0) {
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
@@ -840,6 +862,9 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
   }
   alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
   T* dx_tile = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.dx + row * N;
+  StagedTileStream staged(reinterpret_cast<char*>(a.dx + row * N), stage, N * int64_t(sizeof(T)),
+                          rows);
+  StagedTileStream* staged_or_null = path == OutputPath::kStaged ? &staged : nullptr;
   const bool stream = path == OutputPath::kStream;
   static_assert(kRowTile == 2, "the dispatch below knows tiles of two rows and one");
   // Only bfloat16 rounds differently without a NaN mask; other types keep one variant.
@@ -849,13 +874,13 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
     constexpr bool kNoNaNValue = std::is_same_v<T, c10::BFloat16> && decltype(kNoNaN)::value;
     if (rows == 2) {
       norm_bwd_tile_columns<T, acc_t, 2, kCentered, kWeight, kParamGrads, kNoNaNValue>(
-          a, row, s, dx_tile, dweight_part, dbias_part, stream);
+          a, row, s, dx_tile, dweight_part, dbias_part, stream, staged_or_null);
     } else {
       norm_bwd_tile_columns<T, acc_t, 1, kCentered, kWeight, kParamGrads, kNoNaNValue>(
-          a, row, s, dx_tile, dweight_part, dbias_part, stream);
+          a, row, s, dx_tile, dweight_part, dbias_part, stream, staged_or_null);
     }
   });
-  if (path == OutputPath::kStaged) stream_copy(a.dx + row * N, stage, rows * N * int64_t(sizeof(T)));
+  if (path == OutputPath::kStaged) staged.finish();
 }
 
 // dx for all rows, and (kParamGrads) the [blocks, N] dweight/dbias partials of the row
