@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -472,13 +473,15 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
       // of the shifted statistics that the rounded mean lost. (Subtracting the shift, the
       // row's first value, instead lost 2^-24 of |x[0] - mean| in every output: 1e-5 of
       // sigma where x[0] sat 80 sigma from the rest.)
-      StagedTileStream staged(reinterpret_cast<char*>(a.y + row * N), stage,
-                              N * int64_t(sizeof(T)), 1);
+      std::optional<StagedTileStream> staged;  // only for staged rows: no setup per row else
+      if (path == OutputPath::kStaged) {
+        staged.emplace(reinterpret_cast<char*>(a.y + row * N), stage, N * int64_t(sizeof(T)), 1);
+      }
       normalize_row<T, acc_t, kWeight, kCentered && kBias>(
           x, yr, N, mean, rest, m.rstd, a.weight, a.bias, path == OutputPath::kStream,
           row_output_has_no_nan(a.params_finite, mean, m.rstd), next_a, next_b,
-          path == OutputPath::kStaged ? &staged : nullptr);
-      if (path == OutputPath::kStaged) staged.finish();
+          staged ? &*staged : nullptr);
+      if (staged) staged->finish();
     };
     if (statistics_ahead) {
       // RMSNorm's float16/bfloat16 statistics run one row ahead of its normalize sweep: a
@@ -862,9 +865,11 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
   }
   alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
   T* dx_tile = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.dx + row * N;
-  StagedTileStream staged(reinterpret_cast<char*>(a.dx + row * N), stage, N * int64_t(sizeof(T)),
-                          rows);
-  StagedTileStream* staged_or_null = path == OutputPath::kStaged ? &staged : nullptr;
+  std::optional<StagedTileStream> staged;
+  if (path == OutputPath::kStaged) {
+    staged.emplace(reinterpret_cast<char*>(a.dx + row * N), stage, N * int64_t(sizeof(T)), rows);
+  }
+  StagedTileStream* staged_or_null = staged ? &*staged : nullptr;
   const bool stream = path == OutputPath::kStream;
   static_assert(kRowTile == 2, "the dispatch below knows tiles of two rows and one");
   // Only bfloat16 rounds differently without a NaN mask; other types keep one variant.
@@ -880,7 +885,7 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
           a, row, s, dx_tile, dweight_part, dbias_part, stream, staged_or_null);
     }
   });
-  if (path == OutputPath::kStaged) staged.finish();
+  if (staged) staged->finish();
 }
 
 // dx for all rows, and (kParamGrads) the [blocks, N] dweight/dbias partials of the row
