@@ -18,11 +18,11 @@ namespace fusednorm::cpu {
 // Row blocks for `rows` rows of `cols` columns: at most 64 (enough to keep the threads of
 // a large machine busy), at least kMinRowsPerBlock rows each (a partial row costs a read
 // and a write of `cols` values, which must stay small beside the rows' own traffic), and
-// at most 4M partial values in all. 32 rows, not 8: at 1024 rows the backward's 64 partial
-// rows were zeroed, updated tile by tile and summed once more than the 32 that 32-row
-// blocks make (bfloat16 1024 x 4096 backward, 2 threads, two builds in turns: LayerNorm
-// 0.80-0.82 -> 0.71-0.74 ms, RMSNorm 0.76-0.79 -> 0.62-0.71); from 2048 rows the cap of
-// 64 holds either way.
+// at most 4M partial values in all. 32 rows, not 8: at 1024 rows, 8-row blocks made 64
+// partial rows to zero, update tile by tile and add up, where 32-row blocks make 32
+// (bfloat16 1024 x 4096 backward, 2 threads, two builds in turns: LayerNorm 0.80-0.82 ->
+// 0.71-0.74 ms, RMSNorm 0.76-0.79 -> 0.62-0.71); from 2048 rows the cap of 64 holds
+// either way.
 inline int64_t num_row_blocks(int64_t rows, int64_t cols) {
   constexpr int64_t kMaxBlocks = 64;
   constexpr int64_t kMinRowsPerBlock = 32;
