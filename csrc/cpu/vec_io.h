@@ -72,6 +72,14 @@ inline void stream_bytes(void* p, const V& v) {
 
 constexpr int64_t kCacheLine = 64;
 
+// Streams the one cache line at dst (line-aligned) from src (any alignment).
+C10_ALWAYS_INLINE void stream_line(char* dst, const char* src) {
+  using V = at::vec::Vectorized<float>;
+  for (int64_t k = 0; k < kCacheLine; k += int64_t(sizeof(V))) {
+    stream_bytes(dst + k, V::loadu(src + k));
+  }
+}
+
 // Copies `bytes` from src to dst with streaming stores for every whole cache line of dst and
 // plain stores for the partial lines at either end, which neighbouring writes share. A
 // streaming store that leaves its line partly unwritten is flushed as a partial line that
@@ -79,17 +87,12 @@ constexpr int64_t kCacheLine = 64;
 // float32) lost more to that than streaming saved, so their outputs are staged in cache and
 // written out with this.
 inline void stream_copy(void* dst, const void* src, int64_t bytes) {
-  using V = at::vec::Vectorized<float>;
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   const int64_t misalignment = static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(d) % kCacheLine);
   int64_t done = std::min<int64_t>(bytes, (kCacheLine - misalignment) % kCacheLine);
   std::memcpy(d, s, done);
-  for (; done + kCacheLine <= bytes; done += kCacheLine) {
-    for (int64_t k = 0; k < kCacheLine; k += int64_t(sizeof(V))) {
-      stream_bytes(d + done + k, V::loadu(s + done + k));
-    }
-  }
+  for (; done + kCacheLine <= bytes; done += kCacheLine) stream_line(d + done, s + done);
   std::memcpy(d + done, s + done, bytes - done);
 }
 
@@ -122,9 +125,7 @@ class StagedTileStream {
   C10_ALWAYS_INLINE void written(int64_t r, int64_t bytes) {
     const int64_t end = r * row_bytes_ + bytes;
     for (; done_[r] + kCacheLine <= end; done_[r] += kCacheLine) {
-      for (int64_t k = 0; k < kCacheLine; k += int64_t(sizeof(Vec))) {
-        stream_bytes(dst_ + done_[r] + k, Vec::loadu(stage_ + done_[r] + k));
-      }
+      stream_line(dst_ + done_[r], stage_ + done_[r]);
     }
   }
 
@@ -139,7 +140,6 @@ class StagedTileStream {
   }
 
  private:
-  using Vec = at::vec::Vectorized<float>;
   char* dst_;
   const char* stage_;
   int64_t row_bytes_, rows_;
