@@ -14,6 +14,11 @@
 #   PYTEST_ARGS="-x"      bash scripts/gpu_check.sh     more options for its pytest
 #   PYTEST_WORKERS=14     bash scripts/gpu_check.sh     test processes (pytest-xdist; default 8)
 #   SOURCE_COMMIT=sha SOURCE_TREE=tree bash scripts/gpu_check.sh   stamp results with sha (see below)
+#   DEADLINE_S=540 bash scripts/gpu_check.sh   end within 540 s of the start: each phase runs
+#                       under a timeout of the time left, the benchmarks start no case after
+#                       it (--stop-after) and write the cases timed by then
+#   PACK=$OUT/gpu_check.tar.gz bash scripts/gpu_check.sh   also pack the output folder into
+#                       one archive at exit (for a device tool that brings back few files)
 #
 # In OUT_DIR: build.log, tests.log + tests.xml (JUnit), sanitize.log, bench.log with the
 # benchmark results in bench/, build_info.json, nvidia-smi.txt, summary.md. Exits non-zero
@@ -32,6 +37,16 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PATH="$CUDA_HOME/bin:$PATH"
 SUMMARY="$OUT_DIR/summary.md"
 status=0
+
+# DEADLINE_S: seconds this script may take in all. left: seconds still left (at least 5).
+left() { local l=$(( ${DEADLINE_S:-0} - SECONDS )); (( l < 5 )) && l=5; echo $l; }
+limited() {  # runs "$@" under a timeout of the time left, when there is a deadline
+  if [[ -n "${DEADLINE_S:-}" ]]; then timeout "$(left)" "$@"; else "$@"; fi
+}
+if [[ -n "${PACK:-}" ]]; then
+  # A tool that brings back a few files from shallow folders loses bench/<device>/*.
+  trap 'tar czf "$PACK" -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")" && log "packed into $PACK"' EXIT
+fi
 
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
 phase_result() {  # name, exit code, seconds, detail
@@ -85,7 +100,7 @@ if wants build; then
     export CC=/usr/bin/gcc CXX=/usr/bin/g++
     fallback=1
   fi
-  "$PYTHON" setup.py build_ext --inplace > "$OUT_DIR/build.log" 2>&1
+  limited "$PYTHON" setup.py build_ext --inplace > "$OUT_DIR/build.log" 2>&1
   code=$?
   [[ $code -eq 0 ]] && { "$PYTHON" scripts/check_error_path.py >> "$OUT_DIR/build.log" 2>&1 || code=$?; }
   if [[ $code -ne 0 && -n "${fallback:-}" ]]; then
@@ -117,7 +132,7 @@ run_tests() {
   if "$PYTHON" -c 'import xdist' 2>/dev/null; then workers=(-n "${PYTEST_WORKERS:-8}"); fi
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of options
   FUSEDNORM_REQUIRE_SASS=1 FUSEDNORM_REQUIRE_EMULATION=1 \
-    "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
+    limited "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
     ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} > "$OUT_DIR/tests.log" 2>&1
   code=$?
   phase_result tests $code $((SECONDS - start)) \
@@ -127,7 +142,7 @@ run_tests() {
 
 run_sanitize() {
   local start=$SECONDS code detail
-  TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck} PYTHON="$PYTHON" bash tests/sanitize.sh \
+  TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck} PYTHON="$PYTHON" limited bash tests/sanitize.sh \
     > "$OUT_DIR/sanitize.log" 2>&1
   code=$?
   detail=$(grep -E '^== |ERROR SUMMARY|passed|failed' "$OUT_DIR/sanitize.log" | tr '\n' ' ' | tail -c 400)
@@ -150,8 +165,15 @@ fi
 
 if wants bench; then
   start=$SECONDS
+  stop_after=()
+  # With a deadline: no case starts in its last 40 s (a case of the FFN suite takes up to
+  # a minute in float32; the run still writes what it timed), unless BENCH_ARGS says when.
+  if [[ -n "${DEADLINE_S:-}" && " ${BENCH_ARGS:-} " != *" --stop-after "* ]]; then
+    stop_after=(--stop-after $(( $(left) > 45 ? $(left) - 40 : 5 )))
+  fi
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-  "$PYTHON" -m benchmarks --device cuda --out "$OUT_DIR/bench" ${BENCH_ARGS:-} > "$OUT_DIR/bench.log" 2>&1
+  limited "$PYTHON" -m benchmarks --device cuda --out "$OUT_DIR/bench" "${stop_after[@]}" ${BENCH_ARGS:-} \
+    > "$OUT_DIR/bench.log" 2>&1
   code=$?
   phase_result bench $code $((SECONDS - start)) "results in bench/ ($(ls "$OUT_DIR/bench" 2>/dev/null | tr '\n' ' '))"
 fi
