@@ -533,21 +533,29 @@ void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc
   });
 }
 
-// xhat = (x - mean) * rstd of one register. For float16/bfloat16 x as one fma with
-// shift = -mean * rstd (the backward's two sweeps: 1 thread in cache, 4096 wide, float16
-// 0.266 -> 0.244 ns per element, bfloat16 0.230 -> 0.220): the rounding of shift is
-// 2^-24 of |mean| * rstd, 2^-13 of what the input's own 16-bit rounding already puts into
-// xhat. float32/float64 keep the exact subtraction.
+// xhat = (x - mean) * rstd + offset of one register, offset a per-row constant (see
+// xhat_offset). For float16/bfloat16 x as one fma, the row's -mean * rstd folded into the
+// offset (the backward's two sweeps: 1 thread in cache, 4096 wide, float16 0.266 -> 0.244
+// ns per element, bfloat16 0.230 -> 0.220): the rounding of that product is 2^-24 of
+// |mean| * rstd, 2^-13 of what the input's own 16-bit rounding already puts into xhat.
+// float32/float64 keep the exact subtraction.
 template <typename T, typename acc_t>
 C10_ALWAYS_INLINE Vectorized<acc_t> normalized(const Vectorized<acc_t>& x,
                                                const Vectorized<acc_t>& mean,
                                                const Vectorized<acc_t>& rstd,
-                                               const Vectorized<acc_t>& shift) {
+                                               const Vectorized<acc_t>& offset) {
   if constexpr (sizeof(T) == 2) {
-    return at::vec::fmadd(x, rstd, shift);
+    return at::vec::fmadd(x, rstd, offset);
   } else {
-    return (x - mean) * rstd;
+    return at::vec::fmadd(x - mean, rstd, offset);
   }
+}
+
+// The offset that normalized() adds for a row: -correction, and for float16/bfloat16
+// also the row's -mean * rstd.
+template <typename T, typename acc_t>
+inline acc_t xhat_offset(acc_t mean, acc_t rstd, acc_t correction) {
+  return sizeof(T) == 2 ? -mean * rstd - correction : -correction;
 }
 
 // Per-row sums of the backward: mean(g) (centered only) and mean(g * xhat), with
@@ -562,7 +570,7 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   constexpr int64_t W = IO::kWidth;
   static_assert(ParamIO::kWidth == W);
   const int64_t vec_end = N - N % W;
-  const Vec vmean(mean), vrstd(rstd), vshift(-mean * rstd);
+  const Vec vmean(mean), vrstd(rstd), voffset(xhat_offset<T>(mean, rstd, acc_t(0)));
   // g and x of the kWidth columns from i (the function has no stores: captures stay in
   // registers).
   auto load_g_and_x = [&](int64_t i, Vec& glo, Vec& ghi, Vec& xlo, Vec& xhi) {
@@ -584,15 +592,15 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
       sum_g_lo = sum_g_lo + dlo;
       sum_g_hi = sum_g_hi + dhi;
     }
-    sum_gx_lo = at::vec::fmadd(dlo, normalized<T>(xlo, vmean, vrstd, vshift), sum_gx_lo);
-    sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, vshift), sum_gx_hi);
+    sum_gx_lo = at::vec::fmadd(dlo, normalized<T>(xlo, vmean, vrstd, voffset), sum_gx_lo);
+    sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, voffset), sum_gx_hi);
   }
   if (prefetch_dy != nullptr) prefetch_last_columns(prefetch_dy + N, N - vec_end);
   if (vec_end < N && vec_end > 0) {  // the last columns: an overlapping tail (vec_io.h)
     Vec dlo, dhi, xlo, xhi;
     load_g_and_x(N - W, dlo, dhi, xlo, xhi);
-    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, vshift),
-        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, vshift);
+    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, voffset),
+        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, voffset);
     const Vec zero(0);
     blend_last_lanes(N - vec_end, zero, zero, dlo, dhi);
     blend_last_lanes(N - vec_end, zero, zero, gx_lo, gx_hi);
@@ -614,8 +622,8 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
     sum_g_lo = sum_g_lo + dlo;  // padded lanes add g = 0
     sum_g_hi = sum_g_hi + dhi;
     // A padded lane's xhat is that of x = 0, non-finite with non-finite statistics: masked.
-    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, vshift),
-        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, vshift);
+    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, voffset),
+        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, voffset);
     keep_first_lanes(count, gx_lo, gx_hi);
     sum_gx_lo = sum_gx_lo + gx_lo;
     sum_gx_hi = sum_gx_hi + gx_hi;
@@ -623,6 +631,47 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   const acc_t sum_g = lane_sum(sum_g_lo + sum_g_hi);
   const acc_t sum_gx = lane_sum(sum_gx_lo + sum_gx_hi);
   return {kCentered ? sum_g / N : acc_t(0), sum_gx / N};
+}
+
+// Whether the backward corrects a row's xhat by their mean (norm_bwd_tile). The saved mean
+// is a float, rounded: every xhat of the row is off by up to 2^-24 * |mean| * rstd (and
+// the float16/bfloat16 form's -mean * rstd rounds the same), which the correction removes.
+// Rows within 16 sigma of zero are off by at most 2^-20 (PyTorch's backward is off by as
+// much) and skip it: it costs a row's backward 2-10% (benchmarks.kernel_ab, 2 threads,
+// 3 + N(0, 1) rows corrected: float32 2%, bfloat16 6-7%, float16 10%).
+template <bool kCentered, typename acc_t>
+inline bool needs_mean_correction(acc_t mean, acc_t rstd) {
+  return kCentered && std::abs(mean * rstd) > acc_t(16);
+}
+
+// mean(xhat) over one row, xhat = (x - mean) * rstd as the backward computes it: a sweep
+// of its own, from cache after row_grad_means, for the rows that needs_mean_correction
+// picks (a sum inside row_grad_means cost every 16-bit backward 3-4%, rows near zero too).
+template <typename T, typename acc_t>
+acc_t row_mean_xhat(const T* x, acc_t mean, acc_t rstd, int64_t N) {
+  using IO = VecIO<T, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t W = IO::kWidth;
+  const Vec vmean(mean), vrstd(rstd), voffset(xhat_offset<T>(mean, rstd, acc_t(0)));
+  const int64_t vec_end = N - N % W;
+  Vec sum_lo(0), sum_hi(0);
+  for (int64_t i = 0; i < vec_end; i += W) {
+    Vec lo, hi;
+    IO::load_any_order(x + i, lo, hi);  // a sum: any order of the columns will do
+    sum_lo = sum_lo + normalized<T>(lo, vmean, vrstd, voffset);
+    sum_hi = sum_hi + normalized<T>(hi, vmean, vrstd, voffset);
+  }
+  if (vec_end < N) {
+    const int64_t count = N - vec_end;
+    Vec lo, hi;
+    load_partial<T, acc_t>(x + vec_end, count, lo, hi);
+    lo = normalized<T>(lo, vmean, vrstd, voffset);
+    hi = normalized<T>(hi, vmean, vrstd, voffset);
+    keep_first_lanes(count, lo, hi);  // a padded lane's xhat is that of x = 0
+    sum_lo = sum_lo + lo;
+    sum_hi = sum_hi + hi;
+  }
+  return lane_sum(sum_lo + sum_hi) / N;
 }
 
 // How many tiles ahead the backward asks for the dy and x it will read (see
@@ -658,8 +707,9 @@ struct NormBwdArgs {
 template <typename acc_t>
 struct TileStats {
   acc_t mean[kRowTile], rstd[kRowTile];
+  acc_t xhat_offset[kRowTile];    // normalized()'s offset, the correction included
   acc_t dx_offset[kRowTile];      // -rstd * mean(g)
-  acc_t dx_xhat_scale[kRowTile];  // rstd * mean(g * xhat)
+  acc_t dx_xhat_scale[kRowTile];  // rstd * mean(g * xhat), of the corrected xhat
 };
 
 // Whether a tile's dx may use the bfloat16 rounding without a NaN mask. That rounding is
@@ -749,13 +799,12 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
   Vec out_lo[kRows], out_hi[kRows];
   for (int64_t r = 0; r < kRows; ++r) {
     const Vec vmean(s.mean[r]), vrstd(s.rstd[r]), voffset(s.dx_offset[r]),
-        vxhat_scale(s.dx_xhat_scale[r]);
+        vxhat_scale(s.dx_xhat_scale[r]), vxhat_offset(s.xhat_offset[r]);
     Vec dlo, dhi, xlo, xhi;
     load_block<kPartial>(dy + r * N, count, dlo, dhi);
     load_block<kPartial>(x + r * N, count, xlo, xhi);
-    const Vec vshift(-s.mean[r] * s.rstd[r]);
-    xlo = normalized<T>(xlo, vmean, vrstd, vshift);
-    xhi = normalized<T>(xhi, vmean, vrstd, vshift);
+    xlo = normalized<T>(xlo, vmean, vrstd, vxhat_offset);
+    xhi = normalized<T>(xhi, vmean, vrstd, vxhat_offset);
     const Vec glo = kWeight ? dlo * wlo : dlo, ghi = kWeight ? dhi * whi : dhi;
     out_lo[r] = at::vec::fnmadd(xlo, vxhat_scale, glo * vrstd + voffset);
     out_hi[r] = at::vec::fnmadd(xhi, vxhat_scale, ghi * vrstd + voffset);
@@ -857,11 +906,23 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
     const T* prefetch_dy = path == OutputPath::kStream && row + r + ahead < a.M
                                ? a.dy + (row + r + ahead) * N
                                : nullptr;
+    const T* x = a.x + (row + r) * N;
     const auto [mean_g, mean_gx] = row_grad_means<T, acc_t, kCentered, kWeight>(
-        a.dy + (row + r) * N, a.x + (row + r) * N, s.mean[r], s.rstd[r], a.weight, N,
-        prefetch_dy);
+        a.dy + (row + r) * N, x, s.mean[r], s.rstd[r], a.weight, N, prefetch_dy);
+    // The correction: the xhat of a row sum to zero in exact arithmetic, and whatever
+    // mean(xhat) row_mean_xhat finds (0 where it is not asked) is the error of the saved
+    // mean (a float, rounded: for a row at 1e4 + noise, up to 5e-4 of sigma) and of
+    // -mean * rstd's rounding, the same in every xhat of the row. The second sweep
+    // subtracts it from each xhat, and mean(g * xhat) follows: the backward is then as
+    // exact as the forward, which normalizes with the mean's exact rest (1e4 + N(0, 1),
+    // float32: dweight 2.5e-4 -> 1.3e-7 from float64, dx 8.8e-6 -> 1.5e-7; PyTorch's
+    // 5.2e-4 and 1.2e-4).
+    const acc_t correction = needs_mean_correction<kCentered>(s.mean[r], s.rstd[r])
+                                 ? row_mean_xhat<T>(x, s.mean[r], s.rstd[r], N)
+                                 : acc_t(0);
+    s.xhat_offset[r] = xhat_offset<T>(s.mean[r], s.rstd[r], correction);
     s.dx_offset[r] = -s.rstd[r] * mean_g;
-    s.dx_xhat_scale[r] = s.rstd[r] * mean_gx;
+    s.dx_xhat_scale[r] = s.rstd[r] * (mean_gx - correction * mean_g);
   }
   alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
   T* dx_tile = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.dx + row * N;
