@@ -520,18 +520,6 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   });
 }
 
-// y from given statistics (mean null: RMSNorm), as the forward computes it.
-template <typename T, typename acc_t, bool kWeight, bool kBias>
-void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc_t* weight,
-                     const acc_t* bias, T* y, int64_t M, int64_t N) {
-  parallel_chunks(M, row_grain(N), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      normalize_row<T, acc_t, kWeight, kBias>(x + row * N, y + row * N, N, acc_t(0),
-                                                 mean ? mean[row] : acc_t(0), rstd[row],
-                                                 weight, bias, false, false);
-    }
-  });
-}
 
 // xhat = (x - mean) * rstd + offset of one register, offset a per-row constant (see
 // xhat_offset). For float16/bfloat16 x as one fma, the row's -mean * rstd folded into the
@@ -672,6 +660,54 @@ acc_t row_mean_xhat(const T* x, acc_t mean, acc_t rstd, int64_t N) {
     sum_hi = sum_hi + hi;
   }
   return lane_sum(sum_lo + sum_hi) / N;
+}
+
+// mean(x - mean) over one row: the part of the row's mean that a rounded mean lost.
+template <typename T, typename acc_t>
+acc_t row_mean_rest(const T* x, acc_t mean, int64_t N) {
+  using IO = VecIO<T, acc_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t W = IO::kWidth;
+  const Vec vmean(mean);
+  const int64_t vec_end = N - N % W;
+  Vec sum_lo(0), sum_hi(0);
+  for (int64_t i = 0; i < vec_end; i += W) {
+    Vec lo, hi;
+    IO::load_any_order(x + i, lo, hi);
+    sum_lo = sum_lo + (lo - vmean);
+    sum_hi = sum_hi + (hi - vmean);
+  }
+  if (vec_end < N) {
+    const int64_t count = N - vec_end;
+    Vec lo, hi;
+    load_partial<T, acc_t>(x + vec_end, count, lo, hi);
+    lo = lo - vmean;
+    hi = hi - vmean;
+    keep_first_lanes(count, lo, hi);
+    sum_lo = sum_lo + lo;
+    sum_hi = sum_hi + hi;
+  }
+  return lane_sum(sum_lo + sum_hi) / N;
+}
+
+// y from given statistics (mean null: RMSNorm), as the forward computes it: ((x - mean) -
+// rest) * rstd, with rest the part of the row's mean that the saved float lost, found again
+// (row_mean_rest) for the rows where it matters (needs_mean_correction). So the LayerNorm +
+// FFN block's backward recomputes the forward's normalized values, not ones up to 2^-24 *
+// |mean| * rstd away (float32 1e4 + N(0, 1): 5e-4).
+template <typename T, typename acc_t, bool kWeight, bool kBias>
+void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc_t* weight,
+                     const acc_t* bias, T* y, int64_t M, int64_t N) {
+  parallel_chunks(M, row_grain(N), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* xr = x + row * N;
+      const acc_t m = mean ? mean[row] : acc_t(0), s = rstd[row];
+      const acc_t rest =
+          mean && needs_mean_correction<true>(m, s) ? row_mean_rest<T>(xr, m, N) : acc_t(0);
+      normalize_row<T, acc_t, kWeight, kBias>(xr, y + row * N, N, m, rest, s, weight, bias,
+                                                 false, false);
+    }
+  });
 }
 
 // How many tiles ahead the backward asks for the dy and x it will read (see
