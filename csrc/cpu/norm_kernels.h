@@ -632,62 +632,51 @@ inline bool needs_mean_correction(acc_t mean, acc_t rstd) {
   return kCentered && std::abs(mean * rstd) > acc_t(16);
 }
 
-// mean(xhat) over one row, xhat = (x - mean) * rstd as the backward computes it: a sweep
-// of its own, from cache after row_grad_means, for the rows that needs_mean_correction
-// picks (a sum inside row_grad_means cost every 16-bit backward 3-4%, rows near zero too).
-template <typename T, typename acc_t>
-acc_t row_mean_xhat(const T* x, acc_t mean, acc_t rstd, int64_t N) {
+// The mean over one row of f(v), v the row's values as registers of acc_t (f maps one
+// register to one): the lanes past the row's end are left out.
+template <typename T, typename acc_t, typename F>
+C10_ALWAYS_INLINE acc_t row_mean_of(const T* x, int64_t N, F f) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
-  const Vec vmean(mean), vrstd(rstd), voffset(xhat_offset<T>(mean, rstd, acc_t(0)));
   const int64_t vec_end = N - N % W;
   Vec sum_lo(0), sum_hi(0);
   for (int64_t i = 0; i < vec_end; i += W) {
     Vec lo, hi;
     IO::load_any_order(x + i, lo, hi);  // a sum: any order of the columns will do
-    sum_lo = sum_lo + normalized<T>(lo, vmean, vrstd, voffset);
-    sum_hi = sum_hi + normalized<T>(hi, vmean, vrstd, voffset);
+    sum_lo = sum_lo + f(lo);
+    sum_hi = sum_hi + f(hi);
   }
   if (vec_end < N) {
     const int64_t count = N - vec_end;
     Vec lo, hi;
     load_partial<T, acc_t>(x + vec_end, count, lo, hi);
-    lo = normalized<T>(lo, vmean, vrstd, voffset);
-    hi = normalized<T>(hi, vmean, vrstd, voffset);
-    keep_first_lanes(count, lo, hi);  // a padded lane's xhat is that of x = 0
+    lo = f(lo);
+    hi = f(hi);
+    keep_first_lanes(count, lo, hi);  // a padded lane holds f(0)
     sum_lo = sum_lo + lo;
     sum_hi = sum_hi + hi;
   }
   return lane_sum(sum_lo + sum_hi) / N;
 }
 
+// mean(xhat) over one row, xhat = (x - mean) * rstd as the backward computes it: a sweep
+// of its own, from cache after row_grad_means, for the rows that needs_mean_correction
+// picks (a sum inside row_grad_means cost every 16-bit backward 3-4%, rows near zero too).
+template <typename T, typename acc_t>
+acc_t row_mean_xhat(const T* x, acc_t mean, acc_t rstd, int64_t N) {
+  using Vec = Vectorized<acc_t>;
+  const Vec vmean(mean), vrstd(rstd), voffset(xhat_offset<T>(mean, rstd, acc_t(0)));
+  return row_mean_of<T, acc_t>(
+      x, N, [&](const Vec& v) { return normalized<T>(v, vmean, vrstd, voffset); });
+}
+
 // mean(x - mean) over one row: the part of the row's mean that a rounded mean lost.
 template <typename T, typename acc_t>
 acc_t row_mean_rest(const T* x, acc_t mean, int64_t N) {
-  using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
-  constexpr int64_t W = IO::kWidth;
   const Vec vmean(mean);
-  const int64_t vec_end = N - N % W;
-  Vec sum_lo(0), sum_hi(0);
-  for (int64_t i = 0; i < vec_end; i += W) {
-    Vec lo, hi;
-    IO::load_any_order(x + i, lo, hi);
-    sum_lo = sum_lo + (lo - vmean);
-    sum_hi = sum_hi + (hi - vmean);
-  }
-  if (vec_end < N) {
-    const int64_t count = N - vec_end;
-    Vec lo, hi;
-    load_partial<T, acc_t>(x + vec_end, count, lo, hi);
-    lo = lo - vmean;
-    hi = hi - vmean;
-    keep_first_lanes(count, lo, hi);
-    sum_lo = sum_lo + lo;
-    sum_hi = sum_hi + hi;
-  }
-  return lane_sum(sum_lo + sum_hi) / N;
+  return row_mean_of<T, acc_t>(x, N, [&](const Vec& v) { return v - vmean; });
 }
 
 // y from given statistics (mean null: RMSNorm), as the forward computes it: ((x - mean) -
