@@ -520,7 +520,6 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   });
 }
 
-
 // xhat = (x - mean) * rstd + offset of one register, offset a per-row constant (see
 // xhat_offset). For float16/bfloat16 x as one fma, the row's -mean * rstd folded into the
 // offset (the backward's two sweeps: 1 thread in cache, 4096 wide, float16 0.266 -> 0.244
