@@ -318,7 +318,7 @@ def relative_errors_of_gradients(x, seed=3):
         pytest.mark.xfail(strict=True, reason="the CUDA backward does not correct the mean yet"),
     ]),
 ])
-@pytest.mark.parametrize("N", [1, 3, 24, 1000, 1023, 4096])
+@pytest.mark.parametrize("N", [3, 24, 1000, 1023, 4096])
 def test_backward_far_from_zero_as_exact_as_near_it(device, N):
     """float32 rows 1e2 and 1e4 sigma from zero: every gradient as close to float64 as for the
     same rows at zero. The saved mean is a float; the xhat a backward forms from it are all
