@@ -81,9 +81,10 @@ def block_rows(device: torch.device) -> list[dict]:
         tensors = [(noise + offset).float().double().to(device)] + [p.to(device) for p in params]
         ref = _run(lambda x, *p: reference.layer_norm_gelu_ffn(x, p[0], p[1], 1e-5, *p[2:]),
                    tensors, grad, torch.float64)
-        for provider, fn in (
-                ("fusednorm", lambda x, *p: functional.layer_norm_gelu_ffn(x, p[0], p[1], 1e-5, *p[2:])),
-                ("torch", eager)):
+        def fused(x, *p):
+            return functional.layer_norm_gelu_ffn(x, p[0], p[1], 1e-5, *p[2:])
+
+        for provider, fn in (("fusednorm", fused), ("torch", eager)):
             got = _run(fn, tensors, grad, torch.float32)
             rows.append({"op": "layer_norm_gelu_ffn", "M": M, "N": d, "offset": offset,
                          "provider": provider, **dict(zip(BLOCK_OUTPUTS, _errors(got, ref)))})
