@@ -682,7 +682,7 @@ acc_t row_mean_rest(const T* x, acc_t mean, int64_t N) {
 // rest) * rstd, with rest the part of the row's mean that the saved float lost, found again
 // (row_mean_rest) for the rows where it matters (needs_mean_correction). So the LayerNorm +
 // FFN block's backward recomputes the forward's normalized values, not ones up to 2^-24 *
-// |mean| * rstd away (float32 1e4 + N(0, 1): 5e-4).
+// |mean| * rstd away (float32 1e4 + N(0, 1): up to 4.9e-4).
 template <typename T, typename acc_t, bool kWeight, bool kBias>
 void norm_apply_rows(const T* x, const acc_t* mean, const acc_t* rstd, const acc_t* weight,
                      const acc_t* bias, T* y, int64_t M, int64_t N) {
@@ -939,8 +939,8 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
     // -mean * rstd's rounding, the same in every xhat of the row. The second sweep
     // subtracts it from each xhat, and mean(g * xhat) follows: the backward is then as
     // exact as the forward, which normalizes with the mean's exact rest (1e4 + N(0, 1),
-    // float32: dweight 2.5e-4 -> 1.3e-7 from float64, dx 8.8e-6 -> 1.5e-7; PyTorch's
-    // 5.2e-4 and 1.2e-4).
+    // float32: dx and dweight 1.2-1.6e-7 from float64, PyTorch's 0.8-1.5e-4 and 4.8-5.0e-4:
+    // benchmarks/results/amd-epyc/accuracy_far_rows.md).
     const acc_t correction = needs_mean_correction<kCentered>(s.mean[r], s.rstd[r])
                                  ? row_mean_xhat<T>(x, s.mean[r], s.rstd[r], N)
                                  : acc_t(0);
