@@ -329,3 +329,26 @@ def test_kernel_ab_rejects_a_bad_case():
                           "fwd:int8:4x4"], cwd=Path(__file__).parents[1], capture_output=True,
                          text=True)
     assert run.returncode == 2 and "a case is fwd|afwd|bwd:bf16|fp16|fp32:MxN" in run.stderr
+
+
+def test_accuracy_far_rows_writes_its_results(tmp_path):
+    """The accuracy script's file: every (op, shape, offset) for both providers, stamped, and
+    figures that say what the README quotes from it (fusednorm's gradients at 1e4 from zero
+    within 1e-6 of float64 on the CPU, PyTorch's 100x further)."""
+    from benchmarks import accuracy_far_rows
+
+    accuracy_far_rows.main(["--device", "cpu", "--out", str(tmp_path)])
+    folder = tmp_path / stamp.slug(stamp.device_name(torch.device("cpu")))
+    result = json.loads((folder / "accuracy_far_rows.json").read_text())
+    assert (folder / "accuracy_far_rows.md").exists()
+    assert result["suite"] == "accuracy_far_rows" and result["commit"]
+    offsets = len(accuracy_far_rows.OFFSETS)
+    cases = len(accuracy_far_rows.LN_SHAPES) * offsets + offsets  # LayerNorm's, then the block's
+    assert len(result["rows"]) == 2 * cases
+    for row in result["rows"]:
+        if row["offset"] == 1e4 and row["op"] == "layer_norm":
+            grads = ("dx", "dweight")
+            if row["provider"] == "fusednorm":
+                assert all(row[g] < 1e-6 for g in grads), row
+            else:
+                assert all(row[g] > 1e-5 for g in grads), row
