@@ -237,13 +237,7 @@ def _add_layer_norm_gradient_errors(x, residual, seed=3):
     return [((mine - ref).abs().max() / ref.abs().max()).item() for mine, ref in zip(*grads)]
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        pytest.mark.xfail(strict=True, reason="the CUDA backward does not correct the mean yet"),
-    ]),
-])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [24, 1000, 4096])
 def test_add_layer_norm_backward_far_from_zero_as_exact_as_near_it(device, N):
     """The sum 1e4 sigma from zero (float32): every gradient as close to float64 as at zero

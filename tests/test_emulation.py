@@ -287,6 +287,33 @@ def test_emulated_layer_norm_outlier_first_values(harness, t, p):
     check_ok_with_cluster_launches(harness, cases)
 
 
+def far_cases(pass_, t, p):
+    """(case line, expected clustered launches) of LayerNorm rows far from zero (two rows of
+    every three 1e4 times their scale, 16-bit 100 times; the third near zero): a warp per
+    row, two rows of two warps per block (a row corrected beside one not), many warps per
+    row, one-element packs, a misaligned view, and long rows chunked in three launches or
+    in one clustered launch."""
+    vec = 16 // SIZE[t]
+    big = largest_row(pass_, t, True)
+    sizes = [(32 * vec, 0, "", 0), (256 * vec, 0, "", 0), (1024 * vec, 0, "", 0),
+             (4095, 0, "", 0), (300 * vec, SIZE[t], "", 0), (2 * big, 0, "", 0),
+             (2 * big, 0, " clusters", 1), (2 * largest_row(pass_, t, False) + 1, 0, " clusters", 1)]
+    # With a weight in every case: dweight shows an uncorrected xhat at once.
+    return [(f"{pass_} {t} {p} {rows_for(n)} {n} {('wb', 'w')[i % 2]} {x_mis} 0 "
+             f"{ORDERS[i % len(ORDERS)]} 2{extra} far", clustered)
+            for i, (n, x_mis, extra, clustered) in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_layer_norm_far_from_zero(harness, pass_, t, p):
+    """Rows far from zero against float64 with the exact mean: the backward subtracts the
+    mean of its xhat (the saved float mean's rounding, up to 4.9e-4 of sigma at 1e4) where
+    needs_mean_correction, in every path; without that, float32 and float64 fail here. The
+    forward keeps the mean's rest."""
+    check_ok_with_cluster_launches(harness, far_cases(pass_, t, p))
+
+
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_emulated_layer_norm_kernels(harness, pass_, t, p):

@@ -243,13 +243,7 @@ def _block_gradient_errors(x, seed=5):
     return [((mine - ref).abs().max() / ref.abs().max()).item() for mine, ref in zip(*grads)]
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU"),
-        pytest.mark.xfail(strict=True, reason="the CUDA backward does not correct the mean yet"),
-    ]),
-])
+@pytest.mark.parametrize("device", DEVICES)
 def test_layer_norm_block_far_from_zero_as_exact_as_near_it(device):
     """float32 rows 1e4 sigma from zero: every gradient of the block as close to float64 as for
     the same rows at zero. The backward recomputes the normalized input from the saved float

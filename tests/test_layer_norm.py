@@ -311,13 +311,7 @@ def relative_errors_of_gradients(x, seed=3):
             for m, r in zip(leaves, ref_leaves)]
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        pytest.mark.xfail(strict=True, reason="the CUDA backward does not correct the mean yet"),
-    ]),
-])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [3, 24, 1000, 1023, 4096])
 def test_backward_far_from_zero_as_exact_as_near_it(device, N):
     """float32 rows 1e2 and 1e4 sigma from zero: every gradient as close to float64 as for the

@@ -620,17 +620,6 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   return {kCentered ? sum_g / N : acc_t(0), sum_gx / N};
 }
 
-// Whether the backward corrects a row's xhat by their mean (norm_bwd_tile). The saved mean
-// is a float, rounded: every xhat of the row is off by up to 2^-24 * |mean| * rstd (and
-// the float16/bfloat16 form's -mean * rstd rounds the same), which the correction removes.
-// Rows within 16 sigma of zero are off by at most 2^-20 (PyTorch's backward is off by as
-// much) and skip it: it costs a row's backward 2-10% (benchmarks.kernel_ab, 2 threads,
-// 3 + N(0, 1) rows corrected: float32 2%, bfloat16 6-7%, float16 10%).
-template <bool kCentered, typename acc_t>
-inline bool needs_mean_correction(acc_t mean, acc_t rstd) {
-  return kCentered && std::abs(mean * rstd) > acc_t(16);
-}
-
 // The mean over one row of f(v), v the row's values as registers of acc_t (f maps one
 // register to one): the lanes past the row's end are left out.
 template <typename T, typename acc_t, typename F>

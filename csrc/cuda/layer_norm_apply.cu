@@ -1,9 +1,13 @@
-// The LayerNorm output from saved statistics, y = (x - mean) * rstd * weight + bias, on
-// CUDA: one elementwise pass over a contiguous [M, N] input with 16-byte accesses where N
-// and the pointers allow, in float (double for double), normalizing x as layer_norm_bwd
-// does ((x - mean) * rstd).
+// The LayerNorm output from saved statistics, y = ((x - mean) - rest) * rstd * weight + bias,
+// on CUDA: one elementwise pass over a contiguous [M, N] input with 16-byte accesses where N
+// and the pointers allow, in float (double for double). rest is what the saved float mean
+// lost, mean(x - mean), found again by a pass over the rows far from zero only
+// (needs_mean_correction; 0 elsewhere), so that the LayerNorm + FFN block's backward
+// recomputes the forward's normalized values (which keep that rest), not ones up to
+// 2^-24 * |mean| * rstd away.
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,11 +19,40 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/welford.h"
 
 namespace fusednorm::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarpSize = 32;
+
+// rest[row] = mean(x - mean) over the row where needs_mean_correction, else 0 (without
+// reading the row). A warp per row; x is read an element per lane, in order within a lane,
+// then a fixed tree over the lanes.
+template <typename T, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_mean_rest_kernel(const T* __restrict__ x, const acc_t* __restrict__ mean,
+                                const acc_t* __restrict__ rstd, acc_t* __restrict__ rest,
+                                int64_t M, int64_t N) {
+  constexpr int kRowsPerBlock = kThreads / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
+       row += int64_t(gridDim.x) * kRowsPerBlock) {
+    const acc_t m = mean[row];
+    if (!needs_mean_correction<true>(m, rstd[row])) {  // the same in every lane
+      if (lane == 0) rest[row] = acc_t(0);
+      continue;
+    }
+    acc_t sum = 0;
+    for (int64_t j = lane; j < N; j += kWarpSize) sum += static_cast<acc_t>(x[row * N + j]) - m;
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (lane == 0) rest[row] = sum / acc_t(N);
+  }
+}
 
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
@@ -31,7 +64,8 @@ struct alignas(sizeof(T) * kVec) Pack {
 template <typename T, typename P, typename acc_t, int kVec, bool kWeight, bool kBias>
 __global__ void __launch_bounds__(kThreads)
     layer_norm_apply_kernel(const T* __restrict__ x, const acc_t* __restrict__ mean,
-                            const acc_t* __restrict__ rstd, const P* __restrict__ weight,
+                            const acc_t* __restrict__ rest, const acc_t* __restrict__ rstd,
+                            const P* __restrict__ weight,
                             const P* __restrict__ bias, T* __restrict__ y, int64_t packs,
                             int64_t packs_per_row) {
   using PackT = Pack<T, kVec>;
@@ -40,12 +74,12 @@ __global__ void __launch_bounds__(kThreads)
        i += stride) {
     const int64_t row = i / packs_per_row;
     const int64_t col = (i - row * packs_per_row) * kVec;
-    const acc_t row_mean = mean[row], row_rstd = rstd[row];
+    const acc_t row_mean = mean[row], row_rest = rest[row], row_rstd = rstd[row];
     const PackT xv = *reinterpret_cast<const PackT*>(x + i * kVec);
     PackT yv;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      acc_t v = (static_cast<acc_t>(xv.v[j]) - row_mean) * row_rstd;
+      acc_t v = ((static_cast<acc_t>(xv.v[j]) - row_mean) - row_rest) * row_rstd;
       if constexpr (kWeight) v *= static_cast<acc_t>(weight[col + j]);
       if constexpr (kBias) v += static_cast<acc_t>(bias[col + j]);
       yv.v[j] = static_cast<T>(v);
@@ -79,14 +113,22 @@ void launch_layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
   const auto blocks = static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>((packs + kThreads - 1) / kThreads, max_blocks)));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const acc_t* mean_data = mean.const_data_ptr<acc_t>();
+  const acc_t* rstd_data = rstd.const_data_ptr<acc_t>();
+  at::Tensor rest = at::empty({M}, mean.options());
+  acc_t* rest_data = rest.mutable_data_ptr<acc_t>();
+  constexpr int kRowsPerBlock = kThreads / kWarpSize;
+  const auto rest_blocks = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((M + kRowsPerBlock - 1) / kRowsPerBlock, max_blocks)));
+  layer_norm_mean_rest_kernel<T, acc_t><<<rest_blocks, kThreads, 0, stream>>>(
+      x, mean_data, rstd_data, rest_data, M, N);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (wide) {
     layer_norm_apply_kernel<T, P, acc_t, kWide, kWeight, kBias><<<blocks, kThreads, 0, stream>>>(
-        x, mean.const_data_ptr<acc_t>(), rstd.const_data_ptr<acc_t>(), weight, bias, y, packs,
-        N / kWide);
+        x, mean_data, rest_data, rstd_data, weight, bias, y, packs, N / kWide);
   } else {
     layer_norm_apply_kernel<T, P, acc_t, 1, kWeight, kBias><<<blocks, kThreads, 0, stream>>>(
-        x, mean.const_data_ptr<acc_t>(), rstd.const_data_ptr<acc_t>(), weight, bias, y, packs,
-        N);
+        x, mean_data, rest_data, rstd_data, weight, bias, y, packs, N);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

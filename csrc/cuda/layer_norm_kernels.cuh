@@ -219,22 +219,34 @@ __device__ __forceinline__ WelfordState<acc_t> row_merge(WelfordState<acc_t> s, 
   return s;
 }
 
-// Sums of a and b over a row's TPR threads, the same bits in every thread of the row.
-template <int kWarps, typename acc_t>
-__device__ __forceinline__ void row_sum2(acc_t& a, acc_t& b, acc_t* red) {
-  a = warp_sum(a);
-  b = warp_sum(b);
+// Sums of v[0], ..., v[K-1] over a row's TPR threads, the same bits in every thread of the
+// row. red: this row's K * kWarps slots of shared memory (as for row_merge). Every value is
+// reduced whether used or not: a shuffle under a condition the compiler cannot prove
+// uniform cost the 16-bit backward buckets of 4 packs 56-156 bytes of spills.
+template <int kWarps, int K, typename acc_t>
+__device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
   if constexpr (kWarps > 1) {
     const int lane = threadIdx.x % kWarpSize;
     const int warp = (threadIdx.x / kWarpSize) % kWarps;
     if (lane == 0) {
-      red[2 * warp] = a;
-      red[2 * warp + 1] = b;
+#pragma unroll
+      for (int k = 0; k < K; ++k) red[K * warp + k] = v[k];
     }
     __syncthreads();
-    a = warp_sum(lane < kWarps ? red[2 * lane] : acc_t(0));
-    b = warp_sum(lane < kWarps ? red[2 * lane + 1] : acc_t(0));
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < kWarps ? red[K * lane + k] : acc_t(0));
   }
+}
+
+// Sums of a and b over a row's TPR threads (row_sums of two).
+template <int kWarps, typename acc_t>
+__device__ __forceinline__ void row_sum2(acc_t& a, acc_t& b, acc_t* red) {
+  acc_t v[2] = {a, b};
+  row_sums<kWarps>(v, red);
+  a = v[0];
+  b = v[1];
 }
 
 // The row's summary over the blocks of a cluster (each holds one chunk), merged in block-rank
@@ -263,21 +275,33 @@ __device__ __forceinline__ WelfordState<acc_t> cluster_merge(const WelfordState<
   return total;
 }
 
-// Sums of a and b over the blocks of a cluster, in block-rank order (as cluster_merge).
+// Sums of v[0], ..., v[K-1] over the blocks of a cluster, in block-rank order (as
+// cluster_merge). slot: K words.
+template <int K, typename acc_t>
+__device__ __forceinline__ void cluster_sums(acc_t (&v)[K], acc_t* slot, bool writer,
+                                             int blocks) {
+  if (writer) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) slot[k] = v[k];
+  }
+  cluster_sync();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = acc_t(0);
+  for (int r = 0; r < blocks; ++r) {
+    const acc_t* peer = cluster_peer(slot, r);
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += peer[k];
+  }
+}
+
+// Sums of a and b over the blocks of a cluster (cluster_sums of two).
 template <typename acc_t>
 __device__ __forceinline__ void cluster_sum2(acc_t& a, acc_t& b, acc_t* slot, bool writer,
                                              int blocks) {
-  if (writer) {
-    slot[0] = a;
-    slot[1] = b;
-  }
-  cluster_sync();
-  a = b = acc_t(0);
-  for (int r = 0; r < blocks; ++r) {
-    const acc_t* peer = cluster_peer(slot, r);
-    a += peer[0];
-    b += peer[1];
-  }
+  acc_t v[2] = {a, b};
+  cluster_sums(v, slot, writer, blocks);
+  a = v[0];
+  b = v[1];
 }
 
 // What a launch of the row kernels does with its chunk of each row.
@@ -624,6 +648,12 @@ __global__ void __launch_bounds__(128)
 //   xhat = (x - mean) * rstd,  g = dy * w
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum(dy * xhat),  db = sum(dy)
 //
+// Rows far from zero (needs_mean_correction: |mean| > 16 sigma) also sum xhat: its mean c is
+// the saved float mean's rounding error, the same in every xhat of the row (in exact
+// arithmetic they sum to zero). Their xhat are then (x - mean) * rstd - c, and mean(g * xhat)
+// the first sweep's, less c * mean(g). Other rows add nothing to that sum (c = 0), which is
+// reduced all the same (row_sums).
+//
 // RMSNorm (not CENTERED): mean = 0 and no mean(g) term, no db; with a residual, grad_sum
 // (the gradient of the forward's sum output) is added to dx before its one rounding.
 //
@@ -639,21 +669,32 @@ __global__ void __launch_bounds__(128)
 // bounds); sm_80 and sm_90 fit 128.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 constexpr int kBwd16ThreadsMultiRow = 384, kBwd16ThreadsOneRow = 512;
+constexpr int kBwdScalar32Threads8 = 768;  // (see kBwdThreadsPerSm)
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 constexpr int kBwd16ThreadsMultiRow = 384, kBwd16ThreadsOneRow = 384;
 #else
 constexpr int kBwd16ThreadsMultiRow = 512, kBwd16ThreadsOneRow = 512;
 #endif
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 1000
+constexpr int kBwdScalar32Threads8 = 1024;
+#endif
 
-template <typename T, int TPR, int ITEMS>
+// The one-element kernels (VEC = 1: misaligned or odd rows, and LayerNorm with a grad_sum)
+// of inputs up to 4 bytes, unclustered: 1024 (64 registers). Under the 512 bound the
+// compiler gave them 55-95 registers, and 69-101 once LayerNorm's rows summed xhat as well
+// (768 threads down to 512); they fit 64 without spilling on sm_90, except the clustered
+// ones, and on sm_100 float32's of 8 items, which take 768 there (kBwdScalar32Threads8).
+template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
 constexpr int kBwdThreadsPerSm =
-    sizeof(T) != 2 || ITEMS != 4 ? 512
-    : RowLayout<TPR>::kRows > 1  ? kBwd16ThreadsMultiRow
-                                 : kBwd16ThreadsOneRow;
+    VEC == 1 && !CLUSTER && sizeof(T) == 4 && ITEMS == 8 ? kBwdScalar32Threads8
+    : VEC == 1 && !CLUSTER && sizeof(T) <= 4             ? 1024
+    : sizeof(T) != 2 || ITEMS != 4                       ? 512
+    : RowLayout<TPR>::kRows > 1                          ? kBwd16ThreadsMultiRow
+                                                         : kBwd16ThreadsOneRow;
 
-template <typename T, int TPR, int ITEMS>
+template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
 constexpr int kBwdMinBlocks =
-    std::max(1, kBwdThreadsPerSm<T, TPR, ITEMS> / RowLayout<TPR>::kBlock);
+    std::max(1, kBwdThreadsPerSm<T, VEC, TPR, ITEMS, CLUSTER> / RowLayout<TPR>::kBlock);
 
 // Whether a backward kernel adds grad_sum: all RMSNorm kernels, and LayerNorm's one-element
 // kernels only. In LayerNorm's 16-byte kernels the grad_sum packs (with the dbias sums)
@@ -661,6 +702,11 @@ constexpr int kBwdMinBlocks =
 // takes the one-element packs (norm_bwd_impl) and its vector kernels stay as they were.
 template <bool CENTERED, int VEC>
 constexpr bool kBwdGradSum = !CENTERED || VEC == 1;
+
+// The sums a backward row reduces: g and g * xhat, and for LayerNorm xhat (0 in the rows
+// that needs_mean_correction does not pick; RMSNorm has no mean to correct).
+template <bool CENTERED>
+constexpr int kBwdSums = CENTERED ? 3 : 2;
 
 
 template <typename T, typename P>
@@ -678,8 +724,10 @@ struct BwdParams {
   acc_t* dweight_part;  // nullable
   acc_t* dbias_part;    // nullable
   int64_t part_stride;
-  acc_t* row_part;      // kPartial: [M, chunks, 2] sums of g and g * xhat
-  const acc_t* row_coef;  // kApply: [M, 2] mean(g) and mean(g * xhat)
+  // kPartial: [M, chunks, kBwdSums] the row's sums (kBwdSums) over the chunk
+  acc_t* row_part;
+  // kApply: [M, kBwdSums] mean(g), mean(g * xhat) (corrected) and mean(xhat) (0: not corrected)
+  const acc_t* row_coef;
   int64_t M, N;
   int64_t chunk, chunks;
   int mode;
@@ -690,12 +738,14 @@ struct BwdParams {
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sum2).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR, ITEMS>))
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
+                                  (kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>))
     layer_norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
-  __shared__ acc_t red[2][Layout::kRows][2 * Layout::kWarps];
-  __shared__ acc_t cluster_slots[CLUSTER ? 2 : 1][Layout::kRows][2];
+  constexpr int kSums = kBwdSums<CENTERED>;
+  __shared__ acc_t red[2][Layout::kRows][kSums * Layout::kWarps];
+  __shared__ acc_t cluster_slots[CLUSTER ? 2 : 1][Layout::kRows][kSums];
   // Slot s > 0's dweight/dbias sums for slot 0, laid out [s - 1][2 * VEC][TPR] (consecutive
   // threads, consecutive words); one word when the block holds a single row.
   __shared__ acc_t combine[Layout::kRows > 1 ? (Layout::kRows - 1) * 2 * VEC * TPR : 1];
@@ -762,10 +812,13 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
       }
       const acc_t mean = CENTERED && row_ok ? p.mean[row] : acc_t(0);
       const acc_t rstd = row_ok ? p.rstd[row] : acc_t(0);
+      // Whether this row corrects the saved mean's rounding (see above).
+      const bool correct = needs_mean_correction<CENTERED>(mean, rstd);
 
-      acc_t mean_g = 0, mean_gx = 0;
+      // xhat_shift: the mean of the row's uncorrected xhat where `correct`, else 0.
+      acc_t mean_g = 0, mean_gx = 0, xhat_shift = 0;
       if (p.mode != kApply) {
-        acc_t sum_g = 0, sum_gx = 0;
+        acc_t sum_g = 0, sum_gx = 0, sum_xhat = 0;
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
           if (i < valid) {
@@ -777,6 +830,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
                 const acc_t gv = g(e, to_acc(dys[i].v[e]));
                 sum_g += gv;
                 sum_gx = fma_acc(gv, xhat, sum_gx);
+                if (correct) sum_xhat += xhat;
               }
             };
             if (p.weight != nullptr) {
@@ -787,25 +841,42 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
             }
           }
         }
-        row_sum2<Layout::kWarps>(sum_g, sum_gx, red[parity][slot]);
+        // sum_xhat is reduced in every row (0 where not corrected).
+        acc_t sums[kSums];
+        sums[0] = sum_g;
+        sums[1] = sum_gx;
+        if constexpr (CENTERED) sums[kSums - 1] = sum_xhat;
+        row_sums<Layout::kWarps>(sums, red[parity][slot]);
         if constexpr (CLUSTER) {
-          cluster_sum2(sum_g, sum_gx, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+          cluster_sums(sums, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
         parity ^= 1;
+        sum_g = sums[0];
+        sum_gx = sums[1];
+        if constexpr (CENTERED) sum_xhat = sums[kSums - 1];
         if (p.mode == kPartial) {
           if (row_ok && tid == 0) {
-            acc_t* out = p.row_part + (row * p.chunks + c) * 2;
+            acc_t* out = p.row_part + (row * p.chunks + c) * kSums;
             out[0] = sum_g;
             out[1] = sum_gx;
+            if constexpr (CENTERED) out[kSums - 1] = sum_xhat;
           }
           continue;
         }
         mean_g = CENTERED ? sum_g / acc_t(p.N) : acc_t(0);
+        if (correct) {
+          xhat_shift = sum_xhat / acc_t(p.N);
+          sum_gx = fma_acc(-xhat_shift, sum_g, sum_gx);
+        }
         mean_gx = sum_gx / acc_t(p.N);
       } else if (row_ok) {
-        mean_g = CENTERED ? p.row_coef[2 * row] : acc_t(0);
-        mean_gx = p.row_coef[2 * row + 1];
+        mean_g = CENTERED ? p.row_coef[kSums * row] : acc_t(0);
+        mean_gx = p.row_coef[kSums * row + 1];
+        if constexpr (CENTERED) xhat_shift = p.row_coef[kSums * row + kSums - 1];
       }
+      // fma(x - mean, rstd, -0) rounds as (x - mean) * rstd: uncorrected rows keep their bits
+      // (and RMSNorm's code, with a constant -0, its instructions).
+      const acc_t neg_xhat_shift = CENTERED ? -xhat_shift : acc_t(-0.0);
 
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
@@ -817,7 +888,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
           const auto apply = [&](auto g) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              const acc_t xhat = (to_acc(xs[i].v[e]) - mean) * rstd;
+              const acc_t xhat = CENTERED ? fma_acc(to_acc(xs[i].v[e]) - mean, rstd, neg_xhat_shift)
+                                          : to_acc(xs[i].v[e]) * rstd;
               const acc_t d = to_acc(dys[i].v[e]);
               acc_t v = rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g);
               if (has_gsum) v += to_acc(gsum.v[e]);  // (a branch: no -0 + 0 without it)
@@ -889,9 +961,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kBwdMinBlocks<T, TPR,
   if constexpr (CLUSTER) cluster_sync();
 }
 
-// Per row: sums the chunks' (sum g, sum g * xhat) in a fixed order and writes their means.
-// A warp per row.
-template <typename acc_t>
+// Per row: sums the chunks' kSums sums (kBwdSums) in a fixed order and writes mean(g),
+// mean(g * xhat) and (kSums 3) mean(xhat), corrected as in the kernel's kFull mode (the
+// chunks' sums of xhat are all 0 in the rows it does not correct). A warp per row.
+template <typename acc_t, int kSums>
 __global__ void __launch_bounds__(128)
     layer_norm_merge_sums_kernel(const acc_t* row_part, int64_t M, int64_t N, int64_t chunks,
                                  acc_t* row_coef) {
@@ -899,16 +972,22 @@ __global__ void __launch_bounds__(128)
   const int lane = threadIdx.x % kWarpSize;
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
        row += int64_t(gridDim.x) * kRowsPerBlock) {
-    acc_t sum_g = 0, sum_gx = 0;
+    acc_t sums[kSums] = {};
     for (int64_t c = lane; c < chunks; c += kWarpSize) {
-      sum_g += row_part[(row * chunks + c) * 2];
-      sum_gx += row_part[(row * chunks + c) * 2 + 1];
+#pragma unroll
+      for (int k = 0; k < kSums; ++k) sums[k] += row_part[(row * chunks + c) * kSums + k];
     }
-    sum_g = warp_sum(sum_g);
-    sum_gx = warp_sum(sum_gx);
+#pragma unroll
+    for (int k = 0; k < kSums; ++k) sums[k] = warp_sum(sums[k]);
     if (lane == 0) {
-      row_coef[2 * row] = sum_g / acc_t(N);
-      row_coef[2 * row + 1] = sum_gx / acc_t(N);
+      acc_t* out = row_coef + kSums * row;
+      if constexpr (kSums == 3) {
+        const acc_t xhat_shift = sums[2] / acc_t(N);
+        if (xhat_shift != acc_t(0)) sums[1] = fma_acc(-xhat_shift, sums[0], sums[1]);
+        out[2] = xhat_shift;
+      }
+      out[0] = sums[0] / acc_t(N);
+      out[1] = sums[1] / acc_t(N);
     }
   }
 }
@@ -1136,12 +1215,12 @@ void launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P>
+template <bool CENTERED, typename T, typename P>
 void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
                        cudaStream_t stream) {
-  launch_kernel(layer_norm_merge_sums_kernel<acc_type_t<T>>, warp_per_row_grid(p.M, dev), 128,
-                stream,
-      p.row_part, p.M, p.N, p.chunks, row_coef);
+  launch_kernel(layer_norm_merge_sums_kernel<acc_type_t<T>, kBwdSums<CENTERED>>,
+                warp_per_row_grid(p.M, dev), 128, stream, p.row_part, p.M, p.N, p.chunks,
+                row_coef);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1217,11 +1296,12 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
     if (split.chunks > 1 && !launched) {
       const auto param_parts = std::make_pair(p.dweight_part, p.dbias_part);
       p.dweight_part = p.dbias_part = nullptr;  // the apply launch writes them
-      p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 2 * int64_t(sizeof(acc_t))));
-      acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * 2 * int64_t(sizeof(acc_t))));
+      constexpr int64_t kSums = kBwdSums<CENTERED>;
+      p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * kSums * int64_t(sizeof(acc_t))));
+      acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * kSums * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
       launch_bwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
-      launch_merge_sums(p, row_coef, dev, stream);
+      launch_merge_sums<CENTERED>(p, row_coef, dev, stream);
       p.row_coef = row_coef;
       p.mode = kApply;
       std::tie(p.dweight_part, p.dbias_part) = param_parts;

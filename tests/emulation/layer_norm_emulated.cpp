@@ -4,7 +4,7 @@
 // stdin, one per line:
 //
 //   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters[=K]]
-//            [rms] [res | resmis] [outlier]
+//            [rms] [res | resmis] [outlier] [far]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -20,7 +20,12 @@
 // alignment while x is not moved; outlier (LayerNorm, N >= 3): one of each row's first
 // three values (which one varies by row) sits 1000 times the row's scale from the others,
 // and the forward's y must come within 16 units of the accumulator's rounding instead of
-// 512 (shifting the statistics by such a value loses about sqrt(N) units). Prints
+// 512 (shifting the statistics by such a value loses about sqrt(N) units); far (LayerNorm):
+// of every three rows, one 1e4 (16-bit: 100) times its scale above zero, one as far below and
+// one near it (a block of two rows holds both kinds), so that the backward's correction of
+// the saved mean's rounding runs where it should (needs_mean_correction: the
+// reference's xhat use the exact mean, against which a float32 or float64 backward without
+// it is off by thousands of the bound's units). Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
 // the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>:
 // why" per line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned
@@ -28,6 +33,7 @@
 #include <cuda_runtime.h>  // the emulation's (tests/emulation/include)
 
 #include <algorithm>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -85,6 +91,7 @@ struct Case {
   bool residual = false;  // forward residual / backward grad_sum
   int r_misalign = 0;     // bytes: the residual's / grad_sum's start (else x_misalign's)
   bool outlier = false;   // one of each row's first three values far from the rest
+  bool far = false;       // rows many times their scale from zero
 };
 
 // A buffer of n values of T, starting `misalign` bytes past a 256-byte boundary, from
@@ -118,7 +125,7 @@ int64_t compare(const char* what, const Buffer& got, const std::vector<double>& 
     if (!(err <= bound(i))) {  // NaN (an unwritten, poisoned element) fails too
       if (bad == 0) {
         std::ostringstream s;
-        s << what << "[" << i << "] = " << g << ", reference " << ref[i] << ", bound " << bound(i);
+        s << std::setprecision(17) << what << "[" << i << "] = " << g << ", reference " << ref[i] << ", bound " << bound(i);
         why = s.str();
       }
       ++bad;
@@ -126,6 +133,24 @@ int64_t compare(const char* what, const Buffer& got, const std::vector<double>& 
   }
   if (bad > 0) why += " (" + std::to_string(bad) + " of " + std::to_string(ref.size()) + " beyond)";
   return bad;
+}
+
+// A row's mean for the references, as hi + lo in long double (x87's 64-bit significand): a
+// first mean, then the mean of what is left. One long double sum is not enough for float64
+// rows far from zero: at 1e4 sigma, 8192 values are off by 3e-13 of sigma. RMSNorm: 0.
+struct RefMean {
+  long double hi = 0, lo = 0;
+  long double centered(double x) const { return (x - hi) - lo; }
+};
+
+RefMean reference_mean(const double* x, int64_t N, bool centered) {
+  RefMean m;
+  if (!centered || N == 0) return m;
+  for (int64_t j = 0; j < N; ++j) m.hi += x[j];
+  m.hi /= N;
+  for (int64_t j = 0; j < N; ++j) m.lo += x[j] - m.hi;
+  m.lo /= N;
+  return m;
 }
 
 struct Data {
@@ -143,11 +168,15 @@ Data make_data(const Case& c) {
   d.b.resize(std::size_t(c.N));
   // Rows away from zero mean and unit scale (each row its own), parameters away from 1/0.
   for (int64_t r = 0; r < c.M; ++r) {
-    const double shift = 2 * normal(rng), scale = 0.5 + std::abs(normal(rng)) * 3;
+    const double near_shift = 2 * normal(rng), scale = 0.5 + std::abs(normal(rng)) * 3;
+    const double sigmas = sizeof(T) == 2 ? 100 : 1e4;
+    const double shift = c.far && r % 3 != 2 ? (r % 3 == 0 ? sigmas : -sigmas) * scale : near_shift;
     for (int64_t j = 0; j < c.N; ++j) d.x[r * c.N + j] = shift + scale * normal(rng);
     if (c.outlier) d.x[r * c.N + r % 3] = shift + scale * (r % 2 == 0 ? 1000 : -1000);
   }
-  for (double& v : d.dy) v = normal(rng);
+  // far: dy with a mean of 1, so that mean(g) (which the correction of mean(g * xhat)
+  // multiplies) is not near zero.
+  for (double& v : d.dy) v = (c.far ? 1 : 0) + normal(rng);
   for (double& v : d.w) v = 1 + 0.5 * normal(rng);
   for (double& v : d.b) v = 0.5 * normal(rng);
   if (c.residual) {
@@ -201,17 +230,15 @@ std::string run_fwd(const Case& c) {
     // is no more exact than they are, and the outlier cases' bound is tight.
     using ref_t = long double;
     const double* xr = &s_ref[r * c.N];
-    ref_t s = 0;
-    for (int64_t j = 0; j < c.N; ++j) s += xr[j];
-    const ref_t mu = c.centered ? s / ref_t(c.N) : ref_t(0);
+    const RefMean mu = reference_mean(xr, c.N, c.centered);
     ref_t v = 0;
-    for (int64_t j = 0; j < c.N; ++j) v += (xr[j] - mu) * (xr[j] - mu);
+    for (int64_t j = 0; j < c.N; ++j) v += mu.centered(xr[j]) * mu.centered(xr[j]);
     v /= ref_t(c.N);
     const ref_t rs = 1 / std::sqrt(v + ref_t(1e-5));
-    ref_mean[r] = double(mu);
+    ref_mean[r] = double(mu.hi + mu.lo);
     ref_rstd[r] = double(rs);
     for (int64_t j = 0; j < c.N; ++j) {
-      const ref_t xhat = (xr[j] - mu) * rs;
+      const ref_t xhat = mu.centered(xr[j]) * rs;
       const ref_t wj = has_w ? d.w[j] : 1, bj = has_b ? d.b[j] : 0;
       ref_y[r * c.N + j] = double(xhat * wj + bj);
       y_scale[r * c.N + j] = double((std::abs(xhat) + 1) * std::abs(wj) + std::abs(bj));
@@ -234,15 +261,19 @@ std::string run_bwd(const Case& c) {
   const Data d = make_data<T, P>(c);
   const bool has_w = c.affine == "wb" || c.affine == "w";
   const bool has_b = c.affine == "wb" || c.affine == "b";
-  // mean and rstd as the forward saves them (acc_t), from the float64 statistics.
+  // mean and rstd as the forward saves them (acc_t), from statistics in long double. The
+  // reference normalizes with the unrounded mean (ref_mu), as the forward does (its rest).
   std::vector<double> mu(std::size_t(c.M)), rs(std::size_t(c.M));
+  std::vector<RefMean> ref_mu(std::size_t(c.M));
   for (int64_t r = 0; r < c.M; ++r) {
-    double s = 0, v = 0;
-    for (int64_t j = 0; j < c.N; ++j) s += d.x[r * c.N + j];
-    s = c.centered ? s / double(c.N) : 0.0;  // RMSNorm: v below is then mean(x^2)
-    for (int64_t j = 0; j < c.N; ++j) v += (d.x[r * c.N + j] - s) * (d.x[r * c.N + j] - s);
-    mu[r] = double(acc_t(s));
-    rs[r] = double(acc_t(1 / std::sqrt(v / double(c.N) + 1e-5)));
+    ref_mu[r] = reference_mean(&d.x[r * c.N], c.N, c.centered);
+    long double v = 0;  // RMSNorm: mean(x^2)
+    for (int64_t j = 0; j < c.N; ++j) {
+      const long double centered = ref_mu[r].centered(d.x[r * c.N + j]);
+      v += centered * centered;
+    }
+    mu[r] = double(acc_t(ref_mu[r].hi + ref_mu[r].lo));
+    rs[r] = double(acc_t(1 / std::sqrt(double(v / c.N) + 1e-5)));
   }
   Buffer x = upload<T>(d.x, c.x_misalign), dy = upload<T>(d.dy, c.x_misalign);
   Buffer w = upload<P>(d.w, c.p_misalign);
@@ -269,7 +300,7 @@ std::string run_bwd(const Case& c) {
   for (int64_t r = 0; r < c.M; ++r) {
     double sum_g = 0, sum_gx = 0, abs_g = 0, abs_gx = 0;
     for (int64_t j = 0; j < c.N; ++j) {
-      const double xhat = (d.x[r * c.N + j] - mu[r]) * rs[r];
+      const double xhat = double(ref_mu[r].centered(d.x[r * c.N + j]) * rs[r]);
       const double g = d.dy[r * c.N + j] * (has_w ? d.w[j] : 1);
       sum_g += g;
       sum_gx += g * xhat;
@@ -279,7 +310,7 @@ std::string run_bwd(const Case& c) {
     const double n = double(c.N);
     for (int64_t j = 0; j < c.N; ++j) {
       const std::size_t i = std::size_t(r * c.N + j);
-      const double xhat = (d.x[i] - mu[r]) * rs[r];
+      const double xhat = double(ref_mu[r].centered(d.x[i]) * rs[r]);
       const double g = d.dy[i] * (has_w ? d.w[j] : 1);
       const double mean_g = c.centered ? sum_g / n : 0.0;  // RMSNorm: no mean(g) term
       const double gs = c.residual ? d.r[i] : 0.0;
@@ -345,6 +376,8 @@ int main() {
         c.residual = true;
       } else if (extra == "outlier") {
         c.outlier = true;
+      } else if (extra == "far") {
+        c.far = true;
       } else if (extra == "resmis") {
         c.residual = true;
         c.r_misalign = -1;  // one element of T, set below
@@ -357,7 +390,8 @@ int main() {
       c.r_misalign = c.r_misalign < 0 ? (c.x_misalign + elem) % 16 : c.x_misalign;
     }
     const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b");
-    const bool bad_outlier = c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd");
+    const bool bad_outlier = (c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd")) ||
+                             (c.far && !c.centered);
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
     emu::config().resident_clusters = resident_clusters;
