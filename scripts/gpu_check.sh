@@ -17,6 +17,8 @@
 #   DEADLINE_S=540 bash scripts/gpu_check.sh   end within 540 s of the start: each phase runs
 #                       under a timeout of the time left, the benchmarks start no case after
 #                       it (--stop-after) and write the cases timed by then
+#   KEEP_CC=1 bash scripts/gpu_check.sh   build with the environment's CC/CXX (by default the
+#                       system's /usr/bin/gcc and g++ first: see the build phase)
 #   PACK=$OUT/gpu_check.tar.gz bash scripts/gpu_check.sh   also pack the output folder into
 #                       one archive at exit (for a device tool that brings back few files)
 #
@@ -94,9 +96,12 @@ if wants build; then
   start=$SECONDS
   # The GPU machines' default compilers (/opt/gcc, 2026-11-24 and -26) build a library that
   # segfaults on its first error message; the system's (/usr/bin) build passed there
-  # (2026-11-26). So the system's first, unless CC/CXX are set; the default ones if that
-  # fails (a build costs 1-2 minutes of a lease counted in minutes).
-  if [[ -z "${CC:-}${CXX:-}" && -x /usr/bin/gcc && -x /usr/bin/g++ ]]; then
+  # (2026-11-26). So the system's first, even where the environment names others in CC/CXX
+  # (one machine named /opt/gcc there, 2026-11-26: the build segfaulted in the error-path
+  # check), unless KEEP_CC=1; the environment's ones if that fails (a build costs 1-2
+  # minutes of a lease counted in minutes).
+  if [[ -z "${KEEP_CC:-}" && -x /usr/bin/gcc && -x /usr/bin/g++ && "${CXX:-}" != /usr/bin/g++ ]]; then
+    env_cc=${CC-} env_cxx=${CXX-}
     export CC=/usr/bin/gcc CXX=/usr/bin/g++
     fallback=1
   fi
@@ -104,8 +109,10 @@ if wants build; then
   code=$?
   [[ $code -eq 0 ]] && { "$PYTHON" scripts/check_error_path.py >> "$OUT_DIR/build.log" 2>&1 || code=$?; }
   if [[ $code -ne 0 && -n "${fallback:-}" ]]; then
-    log "build or error path check failed with CXX=$CXX: rebuilding with the default compilers"
+    log "build or error path check failed with CXX=$CXX: rebuilding with the environment's compilers"
     unset CC CXX
+    [[ -n "$env_cc" ]] && export CC=$env_cc
+    [[ -n "$env_cxx" ]] && export CXX=$env_cxx
     rm -rf build
     "$PYTHON" setup.py build_ext --inplace >> "$OUT_DIR/build.log" 2>&1 &&
       "$PYTHON" scripts/check_error_path.py >> "$OUT_DIR/build.log" 2>&1
