@@ -215,6 +215,9 @@ def family_cases(pass_, t, p, variant):
     sizes += [(n, 0, "") for n in (7, 129, 2049, 8193)]
     sizes += [(100 * vec, SIZE[t], "")]
     if "res" in variant:
+        # (and the 16-bit LayerNorm grad_sum table's buckets of 2 packs at 64 and 256
+        # threads per row, which the sizes above skip)
+        sizes += [(65 * vec, 0, ""), (257 * vec, 0, "")]
         sizes += [(64 * vec, 0, "resmis"), (96 * vec, SIZE[t], "resmis")]
     lines = []
     for i, (n, x_mis, extra) in enumerate(sizes):
@@ -249,11 +252,9 @@ def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
     """The clustered and three-launch long-row paths of RMSNorm and of the residual add (the
     merge kernel recomputes the row's first sum for LayerNorm's shift)."""
     cases = []
+    # LayerNorm's 16-bit backward with a grad_sum takes its own table of 16-byte buckets
+    # (BwdVecBucketsGradSum16), of the same capacity: the same chunk counts and launches.
     base = cluster_cases(pass_, t, p)
-    if pass_ == "bwd" and variant == "res":
-        # LayerNorm's backward with a grad_sum always takes one-element packs (kBwdGradSum in
-        # layer_norm_kernels.cuh): only the one-element half's launch counts apply.
-        base = base[len(base) // 2:]
     for i, (line, clustered) in enumerate(base):
         tokens = line.split()
         tokens[5] = variant_affine(variant, i)

@@ -89,6 +89,12 @@ struct BwdVecBuckets32 {
 struct BwdScalarBuckets {
   static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 8}};
 };
+// Backward of 16-bit LayerNorm with a grad_sum (add_layer_norm's), 16-byte packs: at most 2
+// packs per thread (the grad_sum packs beside the dbias sums made the buckets of 4 spill),
+// the same capacity with twice the threads. Inputs of 4 and 8 bytes keep BwdVecBuckets32.
+struct BwdVecBucketsGradSum16 {
+  static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}};
+};
 
 template <typename Table>
 constexpr int kNumBuckets = static_cast<int>(std::size(Table::kList));
@@ -696,12 +702,18 @@ template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
 constexpr int kBwdMinBlocks =
     std::max(1, kBwdThreadsPerSm<T, VEC, TPR, ITEMS, CLUSTER> / RowLayout<TPR>::kBlock);
 
-// Whether a backward kernel adds grad_sum: all RMSNorm kernels, and LayerNorm's one-element
-// kernels only. In LayerNorm's 16-byte kernels the grad_sum packs (with the dbias sums)
-// made the 16-bit buckets of 4 packs spill at 128 registers, so LayerNorm with a grad_sum
-// takes the one-element packs (norm_bwd_impl) and its vector kernels stay as they were.
-template <bool CENTERED, int VEC>
-constexpr bool kBwdGradSum = !CENTERED || VEC == 1;
+// Whether a backward kernel adds grad_sum: all RMSNorm kernels; LayerNorm's one-element
+// kernels, those of 4- and 8-byte inputs, and the 16-bit ones of at most 2 packs per
+// thread. In LayerNorm's 16-bit buckets of 4 packs the grad_sum packs (with the dbias sums)
+// spilled at 128 registers, so 16-bit LayerNorm with a grad_sum takes
+// BwdVecBucketsGradSum16 (norm_bwd_impl), and those kernels stay without it. (Until
+// 2026-11-26 every LayerNorm grad_sum took the one-element kernels: on an H200,
+// add_layer_norm's backward was 0.38-0.81x eager at N = 8192-32768, chunked beyond 4096.)
+constexpr bool bwd_adds_grad_sum(bool centered, int elem_bytes, int vec, int items) {
+  return !centered || vec == 1 || elem_bytes >= 4 || items <= 2;
+}
+template <bool CENTERED, typename T, int VEC, int ITEMS>
+constexpr bool kBwdGradSum = bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, ITEMS);
 
 // The sums a backward row reduces: g and g * xhat, and for LayerNorm xhat (0 in the rows
 // that needs_mean_correction does not pick; RMSNorm has no mean to correct).
@@ -883,7 +895,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
         if (i < valid) {
           const int off = (i * TPR + tid) * VEC;
           Pack<T, VEC> out, gsum;
-          const bool has_gsum = kBwdGradSum<CENTERED, VEC> && p.grad_sum != nullptr;
+          const bool has_gsum = kBwdGradSum<CENTERED, T, VEC, ITEMS> && p.grad_sum != nullptr;
           if (has_gsum) gsum = load_pack<VEC>(p.grad_sum + base + off);
           const auto apply = [&](auto g) {
 #pragma unroll
@@ -1318,6 +1330,19 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
 // Bigger rows per register file for inputs of 4 and 8 bytes (see the bucket tables).
 template <typename T>
 using BwdVecBuckets = std::conditional_t<sizeof(T) == 2, BwdVecBuckets16, BwdVecBuckets32>;
+// LayerNorm with a grad_sum: kernels that add it (kBwdGradSum).
+template <typename T>
+using BwdVecBucketsGradSum =
+    std::conditional_t<sizeof(T) == 2, BwdVecBucketsGradSum16, BwdVecBuckets32>;
+
+// Whether every bucket of Table compiles the grad_sum add (kBwdGradSum).
+template <typename Table, bool CENTERED, typename T, int VEC>
+constexpr bool adds_grad_sum() {
+  for (const Bucket& b : Table::kList) {
+    if (!bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, b.items)) return false;
+  }
+  return true;
+}
 
 // The backward of LayerNorm (CENTERED) or RMSNorm (then a.mean and a.dbias are unused).
 template <bool CENTERED, typename T, typename P>
@@ -1327,9 +1352,13 @@ void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
   if (a.M == 0 || a.N == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.dy) &&
                           is_16b_aligned(a.dx) && is_16b_aligned(a.weight) &&
-                          is_16b_aligned(a.grad_sum) &&
-                          (a.grad_sum == nullptr || kBwdGradSum<CENTERED, kVec<T>>);
-  if (vectorized) {
+                          is_16b_aligned(a.grad_sum);
+  static_assert(adds_grad_sum<BwdVecBucketsGradSum<T>, CENTERED, T, kVec<T>>() &&
+                adds_grad_sum<BwdScalarBuckets, CENTERED, T, 1>());
+  if (vectorized && CENTERED && a.grad_sum != nullptr) {
+    run_bwd<T, P, kVec<T>, BwdVecBucketsGradSum<T>, CENTERED>(a, ws, dev, stream);
+  } else if (vectorized) {
+    static_assert(CENTERED || adds_grad_sum<BwdVecBuckets<T>, CENTERED, T, kVec<T>>());
     run_bwd<T, P, kVec<T>, BwdVecBuckets<T>, CENTERED>(a, ws, dev, stream);
   } else {
     run_bwd<T, P, 1, BwdScalarBuckets, CENTERED>(a, ws, dev, stream);
