@@ -298,7 +298,8 @@ def far_cases(pass_, t, p):
     big = largest_row(pass_, t, True)
     sizes = [(32 * vec, 0, "", 0), (256 * vec, 0, "", 0), (1024 * vec, 0, "", 0),
              (4095, 0, "", 0), (300 * vec, SIZE[t], "", 0), (2 * big, 0, "", 0),
-             (2 * big, 0, " clusters", 1), (2 * largest_row(pass_, t, False) + 1, 0, " clusters", 1)]
+             (2 * big, 0, " clusters", 1),
+             (2 * largest_row(pass_, t, False) + 1, 0, " clusters", 1)]
     # With a weight in every case: dweight shows an uncorrected xhat at once.
     return [(f"{pass_} {t} {p} {rows_for(n)} {n} {('wb', 'w')[i % 2]} {x_mis} 0 "
              f"{ORDERS[i % len(ORDERS)]} 2{extra} far", clustered)

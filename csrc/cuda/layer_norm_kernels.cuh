@@ -747,7 +747,7 @@ struct BwdParams {
 
 // At most 128 registers per thread (16 warps per multiprocessor): without the bound, the
 // 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
-// CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sum2).
+// CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sums).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
@@ -1309,7 +1309,8 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
       const auto param_parts = std::make_pair(p.dweight_part, p.dbias_part);
       p.dweight_part = p.dbias_part = nullptr;  // the apply launch writes them
       constexpr int64_t kSums = kBwdSums<CENTERED>;
-      p.row_part = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * kSums * int64_t(sizeof(acc_t))));
+      p.row_part = static_cast<acc_t*>(
+          ws.allocate(a.M * split.chunks * kSums * int64_t(sizeof(acc_t))));
       acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * kSums * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
       launch_bwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);

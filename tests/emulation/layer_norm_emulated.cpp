@@ -125,7 +125,8 @@ int64_t compare(const char* what, const Buffer& got, const std::vector<double>& 
     if (!(err <= bound(i))) {  // NaN (an unwritten, poisoned element) fails too
       if (bad == 0) {
         std::ostringstream s;
-        s << std::setprecision(17) << what << "[" << i << "] = " << g << ", reference " << ref[i] << ", bound " << bound(i);
+        s << std::setprecision(17) << what << "[" << i << "] = " << g << ", reference " << ref[i]
+          << ", bound " << bound(i);
         why = s.str();
       }
       ++bad;
