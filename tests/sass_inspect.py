@@ -141,6 +141,7 @@ OTHER_BLOCKS = {
     "layer_norm_merge_sums_kernel": 128,
     "sum_partial_rows_kernel": 256,  # kSumThreads
     "layer_norm_apply_kernel": 256,  # kThreads
+    "layer_norm_mean_rest_kernel": 256,  # kThreads (layer_norm_apply.cu)
     "gelu_kernel": 256,  # kElementwiseThreads
     "column_slab_kernel": 256,  # kSlabColThreads * kSlabRowThreads
     "sum_slabs_kernel": 256,  # kElementwiseThreads
