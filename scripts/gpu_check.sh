@@ -114,7 +114,7 @@ if wants build; then
     [[ -n "$env_cc" ]] && export CC=$env_cc
     [[ -n "$env_cxx" ]] && export CXX=$env_cxx
     rm -rf build
-    "$PYTHON" setup.py build_ext --inplace >> "$OUT_DIR/build.log" 2>&1 &&
+    limited "$PYTHON" setup.py build_ext --inplace >> "$OUT_DIR/build.log" 2>&1 &&
       "$PYTHON" scripts/check_error_path.py >> "$OUT_DIR/build.log" 2>&1
     code=$?
   fi
