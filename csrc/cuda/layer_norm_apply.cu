@@ -20,12 +20,12 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/welford.h"
+#include "cuda/device_utils.cuh"
 
 namespace fusednorm::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarpSize = 32;
 
 // rest[row] = mean(x - mean) over the row where needs_mean_correction, else 0 (without
 // reading the row). A warp per row; x is read an element per lane, in order within a lane,
@@ -45,19 +45,11 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     acc_t sum = 0;
-    for (int64_t j = lane; j < N; j += kWarpSize) sum += static_cast<acc_t>(x[row * N + j]) - m;
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    }
+    for (int64_t j = lane; j < N; j += kWarpSize) sum += to_acc(x[row * N + j]) - m;
+    sum = warp_sum(sum);
     if (lane == 0) rest[row] = sum / acc_t(N);
   }
 }
-
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 // x and y are read and written kVec elements at a time (packs_per_row = N / kVec); the
 // parameters, a few KB read by every row, come one element at a time from cache.
@@ -65,9 +57,8 @@ template <typename T, typename P, typename acc_t, int kVec, bool kWeight, bool k
 __global__ void __launch_bounds__(kThreads)
     layer_norm_apply_kernel(const T* __restrict__ x, const acc_t* __restrict__ mean,
                             const acc_t* __restrict__ rest, const acc_t* __restrict__ rstd,
-                            const P* __restrict__ weight,
-                            const P* __restrict__ bias, T* __restrict__ y, int64_t packs,
-                            int64_t packs_per_row) {
+                            const P* __restrict__ weight, const P* __restrict__ bias,
+                            T* __restrict__ y, int64_t packs, int64_t packs_per_row) {
   using PackT = Pack<T, kVec>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
