@@ -10,13 +10,15 @@
 // Every entry returns NotImplemented, and the caller takes the torch.ops path, whenever it
 // would differ from that path: an argument of another type than the plain one (a Tensor
 // subclass, a SymInt, a bool for an int), a __torch_function__ override or mode in effect,
-// or any error (the torch.ops path raises it again, with fusednorm's explanation).
+// or any C++ error (the torch.ops path raises it again, with fusednorm's explanation).
+// A Python exception raised inside the op (by a hook or a mode) propagates as is.
 //
 // Built as its own extension against the full Python API and libtorch_python (fusednorm._C
 // is abi3 and links neither); its import is optional: without it every call takes the
 // torch.ops path.
 
 #include <Python.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -115,17 +117,28 @@ PyObject* not_implemented() {
 }
 
 // Runs call() (which calls the op) without the GIL, as PyTorch's bindings do, and wraps
-// what wrap() makes of its result; NotImplemented on any C++ error. Each entry's call()
-// keeps the op's typed handle in a function-local static, looked up on the first call (an
-// error, so NotImplemented, should fusednorm._C not have registered the op).
+// what wrap() makes of its result. Each entry's call() keeps the op's typed handle in a
+// function-local static, looked up on the first call (an error, so NotImplemented, should
+// fusednorm._C not have registered the op).
+// A Python exception raised inside the call (a saved-tensor hook, such as the one by which
+// torch.utils.checkpoint stops its recomputation, a __torch_dispatch__ mode, an anomaly
+// hook) is raised as is: running the op again through torch.ops would run that Python code
+// a second time. Any other C++ error gives NotImplemented, and torch.ops raises it with
+// fusednorm's explanation.
 template <class Call, class Wrap>
 PyObject* run(const Call& call, const Wrap& wrap) {
   decltype(call()) result;
   PyThreadState* saved = PyEval_SaveThread();
   try {
     result = call();
-  } catch (...) {  // c10::Error, python_error, anything: torch.ops raises it properly
+  } catch (python_error& e) {
     PyEval_RestoreThread(saved);
+    e.restore();  // a no-op when the error was not persisted: then it is still set
+    if (PyErr_Occurred() != nullptr) return nullptr;
+    return not_implemented();
+  } catch (...) {
+    PyEval_RestoreThread(saved);
+    if (PyErr_Occurred() != nullptr) return nullptr;  // raised by Python code in the call
     return not_implemented();
   }
   PyEval_RestoreThread(saved);
