@@ -1,11 +1,10 @@
 """The autograd graph every op records: what reverse mode needs (saved tensors released
-after backward, in-place changes to them detected, gradients only where asked) and a clear
-refusal of forward mode, which has no formula here."""
+after backward, in-place changes to them detected, gradients only where asked). Forward
+mode: tests/test_forward_ad.py."""
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.autograd.forward_ad as fwAD
 
 import fusednorm
 from conftest import random_input
@@ -24,16 +23,6 @@ def _norm_calls():
         "layer_norm_gelu_ffn": lambda x: fusednorm.functional.layer_norm_gelu_ffn(
             x, w, b, 1e-5, w1, None, w2, None),
     }
-
-
-@pytest.mark.parametrize("name", list(_norm_calls()))
-def test_forward_mode_ad_is_refused(name):
-    call = _norm_calls()[name]
-    x = random_input((3, 6), torch.float32, "cpu")
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(x, torch.ones_like(x))
-        with pytest.raises(NotImplementedError, match="forward-mode AD"):
-            call(dual)
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])

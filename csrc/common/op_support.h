@@ -69,17 +69,34 @@ bool needs_grad(const Ts&... tensors) {
   return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
 }
 
-// Forward-mode AD (dual tensors) has no formula here: a tangent would be dropped without a
-// word, so a dual argument is refused.
+// Forward-mode AD (dual tensors, torch.func.jvp): the fused kernels compute the primal
+// output from the inputs' primals, and the op recomputed from ATen's ops (the op's
+// `reference`, whose ops have forward-AD formulas) gives the tangent, which attach_tangent
+// sets on the fused output. Only calls with a tangent pay for that second forward; the
+// tangent keeps ATen's reverse-mode graph, so it can be differentiated in turn.
 inline bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(0).defined(); }
 inline bool has_tangent(const std::optional<at::Tensor>& t) {
   return t.has_value() && has_tangent(*t);
 }
 template <class... Ts>
-void check_no_forward_ad(const char* name, const Ts&... tensors) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!(has_tangent(tensors) || ...), name,
-                              ": forward-mode AD (dual tensors) is not supported; use "
-                              "reverse mode (backward, torch.autograd.grad)");
+bool any_tangent(const Ts&... tensors) {
+  return (has_tangent(tensors) || ...);
+}
+
+// t without its tangent (a view that reverse mode sees through), for a
+// torch::autograd::Function, whose C++ API refuses inputs with a tangent.
+inline at::Tensor primal(const at::Tensor& t) { return has_tangent(t) ? t._fw_primal(0) : t; }
+inline std::optional<at::Tensor> primal(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(primal(*t)) : std::nullopt;
+}
+
+// Sets on `out` the tangent that `reference_out` (the same output from ATen's ops) carries,
+// in out's dtype; none when no input's tangent reached it.
+inline void attach_tangent(const at::Tensor& out, const at::Tensor& reference_out) {
+  const at::Tensor tangent = reference_out._fw_grad(/*level=*/0);
+  if (tangent.defined()) {
+    out._set_fw_grad(tangent.to(out.scalar_type()), /*level=*/0, /*is_inplace_op=*/false);
+  }
 }
 
 // A new autograd node of type T: its owning pointer (the type Node::getptr returns, an

@@ -30,13 +30,17 @@ Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                         c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                         const OptTensor& bias, double eps) {
   const auto below = [&] { return op().call(input, residual, normalized_shape, weight, bias, eps); };
-  check_no_forward_ad(kKind.name, input, residual, weight, bias);
-  if (!needs_grad(input, residual, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return below();
-  }
-  return record(kKind, input, residual, static_cast<int64_t>(normalized_shape.size()), weight,
-                bias, eps, below);
+  Outputs result = [&]() -> Outputs {
+    if (!needs_grad(input, residual, weight, bias)) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return below();
+    }
+    return record(kKind, input, residual, static_cast<int64_t>(normalized_shape.size()),
+                  weight, bias, eps, below);
+  }();
+  attach_tangents(kKind, input, residual, normalized_shape, weight, bias, eps,
+                  std::get<0>(result), std::get<1>(result));
+  return result;
 }
 
 // Under CUDA autocast: the sum as eager's (autocast leaves add alone), then layer_norm by

@@ -37,6 +37,14 @@ Result gelu_ffn_rows(const at::Tensor& input, const at::Tensor& weight1, const O
   return {out.view(out_shape), hidden};
 }
 
+// The op from ATen's differentiable ops: what a create_graph backward differentiates and
+// what gives forward-mode AD's tangent.
+at::Tensor ffn_reference(const at::Tensor& input, const at::Tensor& weight1,
+                         const OptTensor& bias1, const at::Tensor& weight2,
+                         const OptTensor& bias2, c10::string_view approximate) {
+  return at::linear(at::gelu(at::linear(input, weight1, bias1), approximate), weight2, bias2);
+}
+
 class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
@@ -69,8 +77,7 @@ class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
       auto g = differentiable_backward(
           [&](const variable_list& v) {
-            auto h = at::gelu(at::linear(v[0], v[1], v[2]), approximate);
-            return variable_list{at::linear(h, v[3], v[4])};
+            return variable_list{ffn_reference(v[0], v[1], v[2], v[3], v[4], approximate)};
           },
           {input, weight1, bias1, weight2, bias2}, {grad_out});
       g.emplace_back();  // approximate
@@ -90,14 +97,21 @@ class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
 Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
                          const OptTensor& bias1, const at::Tensor& weight2,
                          const OptTensor& bias2, c10::string_view approximate) {
-  check_no_forward_ad("fusednorm.gelu_ffn", input, weight1, bias1, weight2, bias2);
-  if (!needs_grad(input, weight1, bias1, weight2, bias2)) {
-    static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(input, weight1, bias1, weight2, bias2, approximate);
+  Result result = [&]() -> Result {
+    if (!needs_grad(input, weight1, bias1, weight2, bias2)) {
+      static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return op.call(input, weight1, bias1, weight2, bias2, approximate);
+    }
+    auto r = GeluFFNFunction::apply(primal(input), primal(weight1), primal(bias1),
+                                    primal(weight2), primal(bias2), approximate);
+    return {r[0], r[1]};
+  }();
+  if (any_tangent(input, weight1, bias1, weight2, bias2)) {
+    attach_tangent(std::get<0>(result),
+                   ffn_reference(input, weight1, bias1, weight2, bias2, approximate));
   }
-  auto r = GeluFFNFunction::apply(input, weight1, bias1, weight2, bias2, approximate);
-  return {r[0], r[1]};
+  return result;
 }
 
 // As torch.nn.functional.linear under autocast: every floating argument in the autocast

@@ -130,16 +130,25 @@ Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,
                       const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
                       const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
                       c10::string_view approximate) {
-  check_no_forward_ad("fusednorm.layer_norm_gelu_ffn", input, ln_weight, ln_bias, weight1, bias1,
-                      weight2, bias2);
-  if (!needs_grad(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
-    static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate);
+  Result result = [&]() -> Result {
+    if (!needs_grad(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
+      static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
+                     approximate);
+    }
+    auto r = BlockFunction::apply(primal(input), primal(ln_weight), primal(ln_bias), eps,
+                                  primal(weight1), primal(bias1), primal(weight2), primal(bias2),
+                                  approximate);
+    return {r[0], r[1], r[2], r[3]};
+  }();
+  if (any_tangent(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
+    const variable_list v{input,   defined_or_empty(ln_weight), defined_or_empty(ln_bias),
+                          weight1, defined_or_empty(bias1),     weight2,
+                          defined_or_empty(bias2)};
+    attach_tangent(std::get<0>(result), block_reference(v, eps, std::string(approximate)));
   }
-  auto r = BlockFunction::apply(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
-                                approximate);
-  return {r[0], r[1], r[2], r[3]};
+  return result;
 }
 
 // Under autocast the block runs as its two parts, each by its own autocast rule (layer_norm

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <tuple>
+#include <utility>
 
 #include "common/op_support.h"
 #include "common/public_checks.h"
@@ -73,6 +74,40 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
   return {shaped_like(out, input.sizes()), sum, mean, rstd};
 }
 
+// The op from ATen's differentiable ops: (out, sum), sum = input + residual (the input
+// without a residual). What a create_graph backward differentiates and what gives the
+// tangents of forward-mode AD. With float parameters beside a 16-bit input, the norm runs
+// in float and rounds once to the input's dtype, as the fused kernels do (and as older
+// PyTorch's CUDA layer_norm, which refuses mixed dtypes, cannot).
+inline std::pair<at::Tensor, at::Tensor> reference(const NormKind& kind, const at::Tensor& input,
+                                                   const at::Tensor& residual,
+                                                   c10::SymIntArrayRef shape,
+                                                   const at::Tensor& weight,
+                                                   const at::Tensor& bias, double eps) {
+  const at::Tensor sum = kind.residual ? at::add(input, residual) : input;
+  const at::Tensor& param = weight.defined() ? weight : bias;
+  const bool mixed = param.defined() && param.scalar_type() != sum.scalar_type();
+  const at::Tensor x = mixed ? sum.to(param.scalar_type()) : sum;
+  at::Tensor y = kind.centered ? at::layer_norm_symint(x, shape, weight, bias, eps)
+                               : at::rms_norm_symint(x, shape, weight, eps);
+  if (mixed) y = y.to(sum.scalar_type());
+  return {y, sum};
+}
+
+// Forward-mode AD: ATen's tangents of out (and of the sum with a residual) set on the
+// outputs the fused kernels computed (attach_tangent).
+inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
+                            const OptTensor& residual, c10::SymIntArrayRef shape,
+                            const OptTensor& weight, const OptTensor& bias, double eps,
+                            const at::Tensor& out, const at::Tensor& sum) {
+  if (!any_tangent(input, residual, weight, bias)) return;
+  const auto [ref_out, ref_sum] =
+      reference(kind, input, residual.value_or(at::Tensor()), shape,
+                weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), eps);
+  attach_tangent(out, ref_out);
+  if (kind.residual) attach_tangent(sum, ref_sum);
+}
+
 // The op itself, called below autograd by the autograd kernel (so that a compiled graph
 // records the public op, with its fake kernel). Outputs the op's schema lacks: the sum
 // undefined, RMSNorm's mean an empty tensor (`none_like`, what norm_bwd takes).
@@ -118,13 +153,9 @@ struct NormBackward : public torch::autograd::Node {
       const at::Tensor input = kind_.residual ? input_.unpack() : normed_input,
                        residual = residual_.unpack();
       const auto shape = input.sym_sizes().slice(input.dim() - dims_);
-      const bool centered = kind_.centered, has_residual = kind_.residual;
-      const double eps = eps_;
       return differentiable_backward(
           [&](const variable_list& v) {
-            const at::Tensor sum = has_residual ? at::add(v[0], v[1]) : v[0];
-            const at::Tensor y = centered ? at::layer_norm_symint(sum, shape, v[2], v[3], eps)
-                                          : at::rms_norm_symint(sum, shape, v[2], eps);
+            auto [y, sum] = reference(kind_, v[0], v[1], shape, v[2], v[3], eps_);
             return variable_list{y, sum};
           },
           {input, residual, weight, bias}, {grad_out, grad_sum});
