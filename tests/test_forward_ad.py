@@ -7,63 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-import torch.nn.functional as F
-
-import fusednorm
-from fusednorm import functional
 from conftest import DEVICES, random_input
-
-D, H = 7, 9  # odd row length and hidden width
-
-
-def _tensors(device, dtype, param_dtype=None):
-    g = lambda shape, seed, scale=1.0, dt=dtype: random_input(shape, dt, device, scale=scale, seed=seed)  # noqa: E731
-    p = param_dtype or dtype
-    return {
-        "x": g((3, 2, D), 1), "r": g((3, 2, D), 2), "w": g((D,), 3, dt=p), "b": g((D,), 4, dt=p),
-        "w1": g((H, D), 5, 0.3), "b1": g((H,), 6), "w2": g((D, H), 7, 0.3), "b2": g((D,), 8),
-    }
-
-
-# name -> (the differentiated arguments, fused call, the same op in plain PyTorch); each call
-# returns a tuple of the op's differentiable outputs.
-def _ffn(x, w1, b1, w2, b2):
-    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
-
-
-OPS = {
-    "layer_norm": (("x", "w", "b"),
-                   lambda x, w, b: (fusednorm.layer_norm(x, (D,), w, b),),
-                   lambda x, w, b: (F.layer_norm(x, (D,), w, b),)),
-    "rms_norm": (("x", "w"),
-                 lambda x, w: (fusednorm.rms_norm(x, (D,), w, 1e-6),),
-                 lambda x, w: (F.rms_norm(x, (D,), w, 1e-6),)),
-    "add_layer_norm": (("x", "r", "w", "b"),
-                       lambda x, r, w, b: fusednorm.add_layer_norm(x, r, (D,), w, b),
-                       lambda x, r, w, b: (F.layer_norm(x + r, (D,), w, b), x + r)),
-    "add_rms_norm": (("x", "r", "w"),
-                     lambda x, r, w: fusednorm.add_rms_norm(x, r, (D,), w, 1e-6),
-                     lambda x, r, w: (F.rms_norm(x + r, (D,), w, 1e-6), x + r)),
-    "gelu_ffn": (("x", "w1", "b1", "w2", "b2"),
-                 lambda *a: (fusednorm.gelu_ffn(*a),),
-                 lambda *a: (_ffn(*a),)),
-    "layer_norm_gelu_ffn": (("x", "w", "b", "w1", "b1", "w2", "b2"),
-                            lambda x, w, b, w1, b1, w2, b2: (functional.layer_norm_gelu_ffn(
-                                x, w, b, 1e-5, w1, b1, w2, b2),),
-                            lambda x, w, b, w1, b1, w2, b2: (
-                                x + _ffn(F.layer_norm(x, (D,), w, b), w1, b1, w2, b2),)),
-}
-
-
-def _args(name, device, dtype, param_dtype=None):
-    t = _tensors(device, dtype, param_dtype)
-    return [t[k] for k in OPS[name][0]]
-
+from op_cases import OPS, op_args
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(OPS))
 def test_gradcheck_forward_mode(name, device):
-    args = [a.requires_grad_() for a in _args(name, device, torch.float64)]
+    args = [a.requires_grad_() for a in op_args(name, device, torch.float64)]
     assert torch.autograd.gradcheck(OPS[name][1], args, check_forward_ad=True,
                                     check_undefined_grad=False, check_batched_grad=False)
 
@@ -73,7 +23,7 @@ def test_gradcheck_forward_mode(name, device):
 @pytest.mark.parametrize("name", list(OPS))
 def test_jvp_primal_is_the_fused_output_and_tangent_is_torchs(name, dtype, device):
     _, fused, eager = OPS[name]
-    primals = _args(name, device, dtype)
+    primals = op_args(name, device, dtype)
     tangents = [random_input(p.shape, p.dtype, device, scale=1.0, seed=40 + i)
                 for i, p in enumerate(primals)]
     out, tangent = torch.func.jvp(fused, tuple(primals), tuple(tangents))
@@ -94,7 +44,7 @@ def test_dual_tensor_of_one_argument_only(name, device):
     """A tangent on the weight alone (float32 weight beside a bfloat16 input): the output's
     tangent in the output's dtype, the other inputs' tangents taken as zero."""
     _, fused, eager = OPS[name]
-    primals = _args(name, device, torch.bfloat16, param_dtype=torch.float32)
+    primals = op_args(name, device, torch.bfloat16, param_dtype=torch.float32)
     w_index = OPS[name][0].index("w")
     w_tangent = random_input(primals[w_index].shape, torch.float32, device, seed=50)
     with fwAD.dual_level():
@@ -117,7 +67,7 @@ def test_reverse_mode_through_the_tangent(name, device):
     _, fused, eager = OPS[name]
     grads = []
     for fn in (fused, eager):
-        primals = [a.requires_grad_() for a in _args(name, device, torch.float64)]
+        primals = [a.requires_grad_() for a in op_args(name, device, torch.float64)]
         tangents = [random_input(p.shape, p.dtype, device, scale=1.0, seed=60 + i)
                     for i, p in enumerate(primals)]
         with fwAD.dual_level():
@@ -129,3 +79,20 @@ def test_reverse_mode_through_the_tangent(name, device):
         assert (g is None) == (ref is None)
         if g is not None:
             torch.testing.assert_close(g, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(OPS))
+def test_nested_jvp_second_directional_derivative(name, device):
+    """jvp of jvp: d²/dt² op(x + t v), as the primitives give it (F.layer_norm's nested
+    forward mode is wrong, pytorch/pytorch#196700)."""
+    _, fused, eager = OPS[name]
+    args = op_args(name, device, torch.float64)
+    v = random_input(args[0].shape, torch.float64, device, scale=1.0, seed=80)
+
+    def second(fn):
+        def first(x):
+            return torch.func.jvp(lambda y: fn(y, *args[1:])[0], (x,), (v,))[1]
+        return torch.func.jvp(first, (args[0],), (v,))[1]
+
+    torch.testing.assert_close(second(fused), second(eager))

@@ -6,7 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 
-#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -83,13 +83,6 @@ bool any_tangent(const Ts&... tensors) {
   return (has_tangent(tensors) || ...);
 }
 
-// t without its tangent (a view that reverse mode sees through), for a
-// torch::autograd::Function, whose C++ API refuses inputs with a tangent.
-inline at::Tensor primal(const at::Tensor& t) { return has_tangent(t) ? t._fw_primal(0) : t; }
-inline std::optional<at::Tensor> primal(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? std::optional<at::Tensor>(primal(*t)) : std::nullopt;
-}
-
 // Sets on `out` the tangent that `reference_out` (the same output from ATen's ops) carries,
 // in out's dtype; none when no input's tangent reached it.
 inline void attach_tangent(const at::Tensor& out, const at::Tensor& reference_out) {
@@ -114,46 +107,24 @@ auto make_node() {
   }
 }
 
-// The backward of `forward` at `inputs` for `grad_outputs`, as a differentiable graph.
-//
-// A backward run under create_graph=True (grad mode on inside it) returns this instead of
-// the fused kernels' result: `forward` recomputes the op from ATen's differentiable ops,
-// and the vector-Jacobian product is taken with create_graph, so the returned gradients
-// depend differentiably on the inputs and on grad_outputs, to any order. Inputs that
-// require grad are used as they are (the result stays connected to the graph that made
-// them); the others are constants. Entries of the result are undefined for inputs that do
-// not require grad.
-inline variable_list differentiable_backward(
-    const std::function<variable_list(const variable_list&)>& forward,
-    const variable_list& inputs, const variable_list& grad_outputs) {
-  variable_list wrt;
-  std::vector<size_t> wrt_index;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined() && inputs[i].requires_grad()) {
-      wrt.push_back(inputs[i]);
-      wrt_index.push_back(i);
-    }
+// A backward node that keeps a list of tensors (SavedVariables, so saved-tensor hooks and
+// in-place checks apply) and releases them after the backward, unless retain_graph.
+struct SavedListNode : public torch::autograd::Node {
+  std::vector<torch::autograd::SavedVariable> saved_;
+
+  // Inputs of the op, or outputs without history (never the node's own outputs).
+  void save(std::initializer_list<at::Tensor> tensors) {
+    for (const at::Tensor& t : tensors) saved_.emplace_back(t, /*is_output=*/false);
   }
-  variable_list result(inputs.size());
-  if (wrt.empty()) return result;
-  variable_list outputs;
-  {
-    at::AutoGradMode grad_on(true);
-    outputs = forward(inputs);
+  variable_list unpack_saved() {
+    variable_list tensors;
+    tensors.reserve(saved_.size());
+    for (auto& s : saved_) tensors.push_back(s.unpack());
+    return tensors;
   }
-  variable_list used_outputs, used_grads;
-  for (size_t j = 0; j < outputs.size() && j < grad_outputs.size(); ++j) {
-    if (grad_outputs[j].defined() && outputs[j].defined() && outputs[j].requires_grad()) {
-      used_outputs.push_back(outputs[j]);
-      used_grads.push_back(grad_outputs[j]);
-    }
+  void release_variables() override {
+    for (auto& s : saved_) s.reset_data();
   }
-  if (used_outputs.empty()) return result;
-  const variable_list grads = torch::autograd::grad(
-      used_outputs, wrt, used_grads, /*retain_graph=*/true, /*create_graph=*/true,
-      /*allow_unused=*/true);
-  for (size_t k = 0; k < wrt.size(); ++k) result[wrt_index[k]] = grads[k];
-  return result;
-}
+};
 
 }  // namespace fusednorm

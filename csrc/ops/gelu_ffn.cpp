@@ -6,6 +6,7 @@
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <string>
@@ -13,12 +14,12 @@
 
 #include "common/op_support.h"
 #include "common/public_checks.h"
+#include "ops/differentiable_formulas.h"
 #include "ops/row_ops.h"
 
 namespace fusednorm {
 namespace {
 
-using torch::autograd::AutogradContext;
 using OptTensor = std::optional<at::Tensor>;
 using Result = std::tuple<at::Tensor, at::Tensor>;
 using GeluFFNSig = Result(const at::Tensor&, const at::Tensor&, const OptTensor&,
@@ -37,75 +38,65 @@ Result gelu_ffn_rows(const at::Tensor& input, const at::Tensor& weight1, const O
   return {out.view(out_shape), hidden};
 }
 
-// The op from ATen's differentiable ops: what a create_graph backward differentiates and
-// what gives forward-mode AD's tangent.
+// The op from ATen's differentiable ops, which gives forward-mode AD's tangent.
 at::Tensor ffn_reference(const at::Tensor& input, const at::Tensor& weight1,
                          const OptTensor& bias1, const at::Tensor& weight2,
                          const OptTensor& bias2, c10::string_view approximate) {
   return at::linear(at::gelu(at::linear(input, weight1, bias1), approximate), weight2, bias2);
 }
 
-class GeluFFNFunction : public torch::autograd::Function<GeluFFNFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               const at::Tensor& weight1, const OptTensor& bias1,
-                               const at::Tensor& weight2, const OptTensor& bias2,
-                               c10::string_view approximate) {
-    static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, hidden] = op.call(input, weight1, bias1, weight2, bias2, approximate);
-    // hidden_pre = x W1^T + b1 is all the backward keeps besides the parameters: gelu of
-    // it is recomputed there.
-    ctx->save_for_backward({input, weight1, defined_or_empty(bias1), weight2,
-                            defined_or_empty(bias2), hidden});
-    ctx->saved_data["approximate"] = std::string(approximate);
-    ctx->mark_non_differentiable({hidden});
-    // Outputs nobody differentiated reach backward undefined, not as zero tensors of
-    // their size (an [M, hidden] one for the FFN's pre-activation).
-    ctx->set_materialize_grads(false);
-    return {out, hidden};
-  }
+// The backward node of a recorded gelu_ffn: a torch::autograd::Node of our own, as the
+// norms' NormBackward (the C++ API of torch::autograd::Function works with none of
+// torch.func's transforms). Next edges: input, weight1, bias1, weight2, bias2. Saved: those
+// and hidden = x W1^T + b1, all the backward keeps besides the parameters: gelu of it is
+// recomputed there.
+struct GeluFFNBackward : public SavedListNode {
+  std::string approximate_;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
+  std::string name() const override { return "fusednorm.gelu_ffnBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    const variable_list s = unpack_saved();
     const at::Tensor &input = s[0], &weight1 = s[1], &bias1 = s[2], &weight2 = s[3],
                      &bias2 = s[4], &hidden = s[5];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
     const at::Tensor& grad_out = grads[0];
-    if (!grad_out.defined()) return variable_list(6);
+    if (!grad_out.defined()) return variable_list(5);
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
-      auto g = differentiable_backward(
-          [&](const variable_list& v) {
-            return variable_list{ffn_reference(v[0], v[1], v[2], v[3], v[4], approximate)};
-          },
-          {input, weight1, bias1, weight2, bias2}, {grad_out});
-      g.emplace_back();  // approximate
-      return g;
+      return formulas::ffn_backward(input, weight1, bias1, weight2, bias2,
+                                             approximate_, grad_out);
     }
 
     // Grad mode is off: straight to the backend kernel (see NormBackward::apply).
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [grad_input, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
         as_rows(grad_out, 1), as_rows(input, 1), hidden, weight1.contiguous(),
-        weight2.contiguous(), bias1.defined(), bias2.defined(), approximate);
-    return {shaped_like(grad_input, input.sizes()), grad_w1, bias1.defined() ? grad_b1 : at::Tensor(),
-            grad_w2, bias2.defined() ? grad_b2 : at::Tensor(), at::Tensor()};
+        weight2.contiguous(), bias1.defined(), bias2.defined(), approximate_);
+    return {shaped_like(grad_input, input.sizes()), grad_w1,
+            bias1.defined() ? grad_b1 : at::Tensor(), grad_w2,
+            bias2.defined() ? grad_b2 : at::Tensor()};
   }
 };
 
 Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
                          const OptTensor& bias1, const at::Tensor& weight2,
                          const OptTensor& bias2, c10::string_view approximate) {
+  static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
+  const auto below = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(input, weight1, bias1, weight2, bias2, approximate);
+  };
   Result result = [&]() -> Result {
-    if (!needs_grad(input, weight1, bias1, weight2, bias2)) {
-      static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return op.call(input, weight1, bias1, weight2, bias2, approximate);
-    }
-    auto r = GeluFFNFunction::apply(primal(input), primal(weight1), primal(bias1),
-                                    primal(weight2), primal(bias2), approximate);
-    return {r[0], r[1]};
+    if (!needs_grad(input, weight1, bias1, weight2, bias2)) return below();
+    auto [node_ptr, node] = make_node<GeluFFNBackward>();
+    node->set_next_edges(
+        torch::autograd::collect_next_edges(input, weight1, bias1, weight2, bias2));
+    auto [out, hidden] = below();
+    torch::autograd::set_history(out, node_ptr);  // hidden: no history, not differentiable
+    node->approximate_ = std::string(approximate);
+    node->save({input, weight1, defined_or_empty(bias1), weight2, defined_or_empty(bias2),
+                hidden});
+    return {out, hidden};
   }();
   if (any_tangent(input, weight1, bias1, weight2, bias2)) {
     attach_tangent(std::get<0>(result),

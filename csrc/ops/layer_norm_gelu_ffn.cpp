@@ -5,9 +5,9 @@
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/gelu.h>
-#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <string>
@@ -15,12 +15,12 @@
 
 #include "common/op_support.h"
 #include "common/public_checks.h"
+#include "ops/differentiable_formulas.h"
 #include "ops/row_ops.h"
 
 namespace fusednorm {
 namespace {
 
-using torch::autograd::AutogradContext;
 using OptTensor = std::optional<at::Tensor>;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using BlockSig = Result(const at::Tensor&, const OptTensor&, const OptTensor&, double,
@@ -56,49 +56,38 @@ Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const Opt
 
 at::Tensor block_reference(const variable_list& v, double eps, const std::string& approximate) {
   const at::Tensor& x = v[0];
-  const auto normed = at::layer_norm(x, {x.size(-1)}, v[1], v[2], eps);
+  const at::Tensor normed = formulas::norm_forward(/*centered=*/true, x, 1, v[1], v[2], eps);
   return at::add(x, at::linear(at::gelu(at::linear(normed, v[3], v[4]), approximate), v[5], v[6]));
 }
 
-class BlockFunction : public torch::autograd::Function<BlockFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               const OptTensor& ln_weight, const OptTensor& ln_bias, double eps,
-                               const at::Tensor& weight1, const OptTensor& bias1,
-                               const at::Tensor& weight2, const OptTensor& bias2,
-                               c10::string_view approximate) {
-    static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, mean, rstd, hidden] = op.call(input, ln_weight, ln_bias, eps, weight1, bias1,
-                                             weight2, bias2, approximate);
-    // Not the LayerNorm output: the backward recomputes it from input, mean and rstd.
-    ctx->save_for_backward({input, defined_or_empty(ln_weight), defined_or_empty(ln_bias),
-                            weight1, defined_or_empty(bias1), weight2, defined_or_empty(bias2),
-                            mean, rstd, hidden});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["approximate"] = std::string(approximate);
-    ctx->mark_non_differentiable({mean, rstd, hidden});
-    // Outputs nobody differentiated reach backward undefined, not as zero tensors of
-    // their size (an [M, hidden] one for the FFN's pre-activation).
-    ctx->set_materialize_grads(false);
-    return {out, mean, rstd, hidden};
-  }
+// The backward node of a recorded layer_norm_gelu_ffn (a torch::autograd::Node: see
+// GeluFFNBackward). Next edges: input, ln_weight, ln_bias, weight1, bias1, weight2, bias2.
+// Saved: those, the LayerNorm statistics and the FFN's pre-activation; not the LayerNorm
+// output: the backward recomputes it from input, mean and rstd.
+struct BlockBackward : public SavedListNode {
+  double eps_ = 0;
+  std::string approximate_;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
+  std::string name() const override { return "fusednorm.layer_norm_gelu_ffnBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    const variable_list s = unpack_saved();
     const at::Tensor &input = s[0], &ln_weight = s[1], &ln_bias = s[2], &weight1 = s[3],
                      &bias1 = s[4], &weight2 = s[5], &bias2 = s[6], &mean = s[7], &rstd = s[8],
                      &hidden = s[9];
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
     const at::Tensor& grad_out = grads[0];
-    if (!grad_out.defined()) return variable_list(9);
+    if (!grad_out.defined()) return variable_list(7);
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
-      auto g = differentiable_backward(
-          [&](const variable_list& v) { return variable_list{block_reference(v, eps, approximate)}; },
-          {input, ln_weight, ln_bias, weight1, bias1, weight2, bias2}, {grad_out});
-      return {g[0], g[1], g[2], at::Tensor(), g[3], g[4], g[5], g[6], at::Tensor()};
+      // out = x + ffn(normed), normed = layer_norm(x): the FFN's formula, then the norm's.
+      const at::Tensor normed =
+          formulas::norm_forward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps_);
+      const auto ffn = formulas::ffn_backward(normed, weight1, bias1, weight2, bias2,
+                                                       approximate_, grad_out);
+      const auto norm = formulas::norm_backward(
+          /*centered=*/true, /*has_residual=*/false, input, at::Tensor(), 1, ln_weight, ln_bias,
+          eps_, ffn[0], at::Tensor());
+      return {norm[0] + grad_out, norm[2], norm[3], ffn[1], ffn[2], ffn[3], ffn[4]};
     }
 
     // Grad mode is off: straight to the backend kernels (see NormBackward::apply).
@@ -109,7 +98,7 @@ class BlockFunction : public torch::autograd::Function<BlockFunction> {
     at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
     auto [grad_normed, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
         grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(), bias1.defined(),
-        bias2.defined(), approximate);
+        bias2.defined(), approximate_);
     normed.reset();  // free it before the LayerNorm backward allocates
     auto [grad_x, grad_ln_w, grad_ln_b] =
         row_ops::layer_norm_bwd().call(grad_normed, x, mean, rstd, ln_w, ln_b);
@@ -117,12 +106,10 @@ class BlockFunction : public torch::autograd::Function<BlockFunction> {
     return {grad_input,
             ln_weight.defined() ? grad_ln_w.view(ln_weight.sizes()) : at::Tensor(),
             ln_bias.defined() ? grad_ln_b.view(ln_bias.sizes()) : at::Tensor(),
-            at::Tensor(),
             grad_w1,
             bias1.defined() ? grad_b1 : at::Tensor(),
             grad_w2,
-            bias2.defined() ? grad_b2 : at::Tensor(),
-            at::Tensor()};
+            bias2.defined() ? grad_b2 : at::Tensor()};
   }
 };
 
@@ -130,17 +117,23 @@ Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,
                       const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
                       const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
                       c10::string_view approximate) {
+  static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
+  const auto below = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate);
+  };
   Result result = [&]() -> Result {
-    if (!needs_grad(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
-      static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
-                     approximate);
-    }
-    auto r = BlockFunction::apply(primal(input), primal(ln_weight), primal(ln_bias), eps,
-                                  primal(weight1), primal(bias1), primal(weight2), primal(bias2),
-                                  approximate);
-    return {r[0], r[1], r[2], r[3]};
+    if (!needs_grad(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) return below();
+    auto [node_ptr, node] = make_node<BlockBackward>();
+    node->set_next_edges(torch::autograd::collect_next_edges(input, ln_weight, ln_bias, weight1,
+                                                             bias1, weight2, bias2));
+    auto [out, mean, rstd, hidden] = below();
+    torch::autograd::set_history(out, node_ptr);  // the rest: no history, not differentiable
+    node->eps_ = eps;
+    node->approximate_ = std::string(approximate);
+    node->save({input, defined_or_empty(ln_weight), defined_or_empty(ln_bias), weight1,
+                defined_or_empty(bias1), weight2, defined_or_empty(bias2), mean, rstd, hidden});
+    return {out, mean, rstd, hidden};
   }();
   if (any_tangent(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {
     const variable_list v{input,   defined_or_empty(ln_weight), defined_or_empty(ln_bias),

@@ -8,8 +8,6 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/layer_norm.h>
-#include <ATen/ops/rms_norm.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
@@ -19,6 +17,7 @@
 
 #include "common/op_support.h"
 #include "common/public_checks.h"
+#include "ops/differentiable_formulas.h"
 #include "ops/row_ops.h"
 
 namespace fusednorm::norm_family {
@@ -74,27 +73,17 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
   return {shaped_like(out, input.sizes()), sum, mean, rstd};
 }
 
-// The op from ATen's differentiable ops: (out, sum), sum = input + residual (the input
-// without a residual). What a create_graph backward differentiates and what gives the
-// tangents of forward-mode AD. With float parameters beside a 16-bit input, the norm runs
-// in float and rounds once to the input's dtype, as the fused kernels do (and as older
-// PyTorch's CUDA layer_norm, which refuses mixed dtypes, cannot).
+// The op from ATen's differentiable ops (formulas::norm_forward): (out, sum), sum = input +
+// residual (the input without a residual). What gives forward-mode AD's tangents.
 inline std::pair<at::Tensor, at::Tensor> reference(const NormKind& kind, const at::Tensor& input,
-                                                   const at::Tensor& residual,
-                                                   c10::SymIntArrayRef shape,
+                                                   const at::Tensor& residual, int64_t dims,
                                                    const at::Tensor& weight,
                                                    const at::Tensor& bias, double eps) {
   const at::Tensor sum = kind.residual ? at::add(input, residual) : input;
-  const at::Tensor& param = weight.defined() ? weight : bias;
-  const bool mixed = param.defined() && param.scalar_type() != sum.scalar_type();
-  const at::Tensor x = mixed ? sum.to(param.scalar_type()) : sum;
-  at::Tensor y = kind.centered ? at::layer_norm_symint(x, shape, weight, bias, eps)
-                               : at::rms_norm_symint(x, shape, weight, eps);
-  if (mixed) y = y.to(sum.scalar_type());
-  return {y, sum};
+  return {formulas::norm_forward(kind.centered, sum, dims, weight, bias, eps), sum};
 }
 
-// Forward-mode AD: ATen's tangents of out (and of the sum with a residual) set on the
+// Forward-mode AD: the tangents of out (and of the sum with a residual) set on the
 // outputs the fused kernels computed (attach_tangent).
 inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
                             const OptTensor& residual, c10::SymIntArrayRef shape,
@@ -102,8 +91,9 @@ inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
                             const at::Tensor& out, const at::Tensor& sum) {
   if (!any_tangent(input, residual, weight, bias)) return;
   const auto [ref_out, ref_sum] =
-      reference(kind, input, residual.value_or(at::Tensor()), shape,
-                weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), eps);
+      reference(kind, input, residual.value_or(at::Tensor()),
+                static_cast<int64_t>(shape.size()), weight.value_or(at::Tensor()),
+                bias.value_or(at::Tensor()), eps);
   attach_tangent(out, ref_out);
   if (kind.residual) attach_tangent(sum, ref_sum);
 }
@@ -150,15 +140,10 @@ struct NormBackward : public torch::autograd::Node {
     if (!grad_out.defined() && !grad_sum.defined()) return result;
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
-      const at::Tensor input = kind_.residual ? input_.unpack() : normed_input,
-                       residual = residual_.unpack();
-      const auto shape = input.sym_sizes().slice(input.dim() - dims_);
-      return differentiable_backward(
-          [&](const variable_list& v) {
-            auto [y, sum] = reference(kind_, v[0], v[1], shape, v[2], v[3], eps_);
-            return variable_list{y, sum};
-          },
-          {input, residual, weight, bias}, {grad_out, grad_sum});
+      const at::Tensor input = kind_.residual ? input_.unpack() : normed_input;
+      return formulas::norm_backward(kind_.centered, kind_.residual, input,
+                                              residual_.unpack(), dims_, weight, bias, eps_,
+                                              grad_out, grad_sum);
     }
 
     const at::Tensor x = as_rows(normed_input, dims_);

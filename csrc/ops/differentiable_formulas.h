@@ -1,0 +1,125 @@
+#pragma once
+// The public ops written with ATen's differentiable elementwise and reduction ops: the norm's
+// forward (what gives forward-mode AD's tangents) and the backward formulas a backward node
+// returns when grad mode is on inside it (create_graph=True, torch.func.vjp / grad / jacrev
+// / hessian). The results depend differentiably on the inputs and on the incoming
+// gradients, to any order, everything recomputed from the op's inputs (not from the fused
+// forward's saved statistics).
+//
+// Not at::layer_norm and its backward: PyTorch's layer_norm formulas treat the saved mean
+// and rstd as constants from the third derivative on (pytorch/pytorch#175754) and nested
+// forward mode (#196700), so they return wrong values there. And plain ATen expressions on
+// the saved tensors, like PyTorch's generated formulas, not a nested torch::autograd::grad
+// call: under torch.func a vjp_fn runs after its transform's level has ended, where such a
+// nested call saw no input requiring grad and returned nothing (so zeros).
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fusednorm::formulas {
+
+// The leading dims of a tensor normalized over its last `dims` dims (what the parameter
+// gradients sum over) and those last dims (what the statistics reduce over).
+inline std::vector<int64_t> leading_dims(const at::Tensor& t, int64_t dims) {
+  std::vector<int64_t> d;
+  for (int64_t i = 0; i < t.dim() - dims; ++i) d.push_back(i);
+  return d;
+}
+inline std::vector<int64_t> trailing_dims(const at::Tensor& t, int64_t dims) {
+  std::vector<int64_t> d;
+  for (int64_t i = t.dim() - dims; i < t.dim(); ++i) d.push_back(i);
+  return d;
+}
+
+// Sum over the leading dims, to a parameter's shape and dtype.
+inline at::Tensor sum_to_param(const at::Tensor& t, int64_t dims, const at::Tensor& param) {
+  const auto lead = leading_dims(t, dims);
+  const at::Tensor s = lead.empty() ? t : t.sum(lead);
+  return s.to(param.scalar_type());
+}
+
+// The dtype a norm computes in: the input's, or float beside float parameters.
+inline at::ScalarType compute_type(const at::Tensor& x, const at::Tensor& weight,
+                                   const at::Tensor& bias) {
+  const at::Tensor& param = weight.defined() ? weight : bias;
+  return param.defined() ? at::promote_types(param.scalar_type(), x.scalar_type())
+                         : x.scalar_type();
+}
+
+// (xhat, rstd) of x normalized over its last `dims` dims: xhat = (x - mean) * rstd
+// (RMSNorm: x * rstd), rstd = 1 / sqrt(var + eps) (RMSNorm: mean(x^2) + eps).
+inline std::pair<at::Tensor, at::Tensor> normalized(bool centered, const at::Tensor& x,
+                                                    int64_t dims, double eps) {
+  const auto rows = trailing_dims(x, dims);
+  const at::Tensor centered_x = centered ? x - x.mean(rows, /*keepdim=*/true) : x;
+  const at::Tensor rstd = at::rsqrt(centered_x.square().mean(rows, true) + eps);
+  return {centered_x * rstd, rstd};
+}
+
+// y = norm(x) * weight + bias over the last `dims` dims, in x's dtype.
+inline at::Tensor norm_forward(bool centered, const at::Tensor& x, int64_t dims,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  const auto [xhat, rstd] = normalized(centered, x.to(compute_type(x, weight, bias)), dims, eps);
+  at::Tensor y = weight.defined() ? xhat * weight : xhat;
+  if (bias.defined()) y = y + bias;
+  return y.to(x.scalar_type());
+}
+
+// The gradients (input, residual, weight, bias) of a norm op: y = norm(s) with
+// s = input + residual (s = input without a residual), and the sum s as a second output.
+// grad_out or grad_sum may be undefined (no gradient reached it); weight and bias may be
+// undefined. With float parameters beside a 16-bit input the arithmetic is in float, as
+// in the kernels.
+inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
+                                             const at::Tensor& input, const at::Tensor& residual,
+                                             int64_t dims, const at::Tensor& weight,
+                                             const at::Tensor& bias, double eps,
+                                             const at::Tensor& grad_out,
+                                             const at::Tensor& grad_sum) {
+  std::vector<at::Tensor> grads(4);
+  const at::Tensor sum = has_residual ? at::add(input, residual) : input;
+  at::Tensor grad_input;
+  if (grad_out.defined()) {
+    const auto type = compute_type(sum, weight, bias);
+    const at::Tensor dy = grad_out.to(type);
+    const auto rows = trailing_dims(dy, dims);
+    const auto [xhat, rstd] = normalized(centered, sum.to(type), dims, eps);
+    const at::Tensor g = weight.defined() ? dy * weight : dy;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMSNorm has no mean(g) term.
+    at::Tensor inner = g - xhat * (g * xhat).mean(rows, true);
+    if (centered) inner = inner - g.mean(rows, true);
+    grad_input = (rstd * inner).to(input.scalar_type());
+    if (weight.defined()) grads[2] = sum_to_param(dy * xhat, dims, weight);
+    if (bias.defined()) grads[3] = sum_to_param(dy, dims, bias);
+  }
+  if (grad_sum.defined()) {
+    grad_input = grad_input.defined() ? grad_input + grad_sum : grad_sum;
+  }
+  grads[0] = grad_input;
+  if (has_residual) grads[1] = grad_input;
+  return grads;
+}
+
+// The gradients (input, weight1, bias1, weight2, bias2) of out = gelu(x W1^T + b1) W2^T + b2.
+inline std::vector<at::Tensor> ffn_backward(const at::Tensor& input, const at::Tensor& weight1,
+                                            const at::Tensor& bias1, const at::Tensor& weight2,
+                                            const at::Tensor& bias2,
+                                            const std::string& approximate,
+                                            const at::Tensor& grad_out) {
+  const at::Tensor x = input.reshape({-1, input.size(-1)});
+  const at::Tensor dy = grad_out.reshape({-1, grad_out.size(-1)});
+  const at::Tensor hidden = at::linear(x, weight1, bias1.defined() ? std::optional(bias1) : std::nullopt);
+  const at::Tensor act = at::gelu(hidden, approximate);
+  const at::Tensor grad_hidden = at::gelu_backward(at::mm(dy, weight2), hidden, approximate);
+  return {at::mm(grad_hidden, weight1).view(input.sizes()),
+          at::mm(grad_hidden.t(), x),
+          bias1.defined() ? grad_hidden.sum(0) : at::Tensor(),
+          at::mm(dy.t(), act),
+          bias2.defined() ? dy.sum(0) : at::Tensor()};
+}
+
+}  // namespace fusednorm::formulas
