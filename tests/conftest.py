@@ -118,3 +118,19 @@ class RecordingBackend:
 
     def __call__(self, gm, example_inputs):
         return self._backend(gm, example_inputs)
+
+
+def relative_errors(tensors, references):
+    """Each tensor's largest error against its float64 reference, over the reference's
+    largest value."""
+    return [((t.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+            for t, r in zip(tensors, references)]
+
+
+def assert_far_as_exact_as_near(far, near, names, where=""):
+    """Errors (relative_errors) of rows far from zero at most 4x those of the same rows at
+    zero: the far-from-zero tests' bound."""
+    for name, e_far, e_near in zip(names, far, near):
+        assert e_far <= 4 * e_near + 1e-7, (
+            f"grad {name}{where}: {e_far:.2e} from float64, {e_near:.2e} at zero")
+
