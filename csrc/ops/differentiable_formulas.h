@@ -42,12 +42,14 @@ inline at::Tensor sum_to_param(const at::Tensor& t, int64_t dims, const at::Tens
   return s.to(param.scalar_type());
 }
 
-// The dtype a norm computes in: the input's, or float beside float parameters.
+// The dtype a norm computes in, as the kernels do: float for 16-bit inputs (and beside
+// float parameters), double for double.
 inline at::ScalarType compute_type(const at::Tensor& x, const at::Tensor& weight,
                                    const at::Tensor& bias) {
   const at::Tensor& param = weight.defined() ? weight : bias;
-  return param.defined() ? at::promote_types(param.scalar_type(), x.scalar_type())
-                         : x.scalar_type();
+  const auto type = param.defined() ? at::promote_types(param.scalar_type(), x.scalar_type())
+                                    : x.scalar_type();
+  return type == at::kHalf || type == at::kBFloat16 ? at::kFloat : type;
 }
 
 // (xhat, rstd) of x normalized over its last `dims` dims: xhat = (x - mean) * rstd
@@ -72,8 +74,8 @@ inline at::Tensor norm_forward(bool centered, const at::Tensor& x, int64_t dims,
 // The gradients (input, residual, weight, bias) of a norm op: y = norm(s) with
 // s = input + residual (s = input without a residual), and the sum s as a second output.
 // grad_out or grad_sum may be undefined (no gradient reached it); weight and bias may be
-// undefined. With float parameters beside a 16-bit input the arithmetic is in float, as
-// in the kernels.
+// undefined. The arithmetic is in compute_type, the result rounded once to the input's
+// (and the parameters') dtype.
 inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
                                              const at::Tensor& input, const at::Tensor& residual,
                                              int64_t dims, const at::Tensor& weight,
@@ -92,13 +94,15 @@ inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMSNorm has no mean(g) term.
     at::Tensor inner = g - xhat * (g * xhat).mean(rows, true);
     if (centered) inner = inner - g.mean(rows, true);
-    grad_input = (rstd * inner).to(input.scalar_type());
+    grad_input = rstd * inner;  // rounded to the input's dtype below, after the grad_sum
     if (weight.defined()) grads[2] = sum_to_param(dy * xhat, dims, weight);
     if (bias.defined()) grads[3] = sum_to_param(dy, dims, bias);
   }
   if (grad_sum.defined()) {
-    grad_input = grad_input.defined() ? grad_input + grad_sum : grad_sum;
+    grad_input = grad_input.defined() ? grad_input + grad_sum.to(grad_input.scalar_type())
+                                      : grad_sum;
   }
+  if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type());
   grads[0] = grad_input;
   if (has_residual) grads[1] = grad_input;
   return grads;
