@@ -30,17 +30,7 @@ Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                         c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                         const OptTensor& bias, double eps) {
   const auto below = [&] { return op().call(input, residual, normalized_shape, weight, bias, eps); };
-  Outputs result = [&]() -> Outputs {
-    if (!needs_grad(input, residual, weight, bias)) {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return below();
-    }
-    return record(kKind, input, residual, static_cast<int64_t>(normalized_shape.size()),
-                  weight, bias, eps, below);
-  }();
-  attach_tangents(kKind, input, residual, normalized_shape, weight, bias, eps,
-                  std::get<0>(result), std::get<1>(result));
-  return result;
+  return autograd_call(kKind, input, residual, normalized_shape, weight, bias, eps, below);
 }
 
 // Under CUDA autocast: the sum as eager's (autocast leaves add alone), then layer_norm by

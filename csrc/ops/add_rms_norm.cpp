@@ -32,24 +32,14 @@ Result rows(const at::Tensor& input, const at::Tensor& residual,
 Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                        std::optional<double> eps) {
-  const double eps_value = eps.value_or(default_rms_eps(input));
-  Result result = [&]() -> Result {
-    if (!needs_grad(input, residual, weight)) {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return op().call(input, residual, normalized_shape, weight, eps);
-    }
-    const auto below = [&]() -> Outputs {
-      auto [out, sum, rstd] = op().call(input, residual, normalized_shape, weight, eps);
-      return {out, sum, none_like(rstd), rstd};
-    };
-    auto [out, sum, mean, rstd] =
-        record(kKind, input, residual, static_cast<int64_t>(normalized_shape.size()), weight,
-               std::nullopt, eps_value, below);
-    return {out, sum, rstd};
-  }();
-  attach_tangents(kKind, input, residual, normalized_shape, weight, std::nullopt, eps_value,
-                  std::get<0>(result), std::get<1>(result));
-  return result;
+  const auto below = [&]() -> Outputs {
+    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, weight, eps);
+    return {out, sum, at::Tensor(), rstd};  // no mean
+  };
+  auto [out, sum, mean, rstd] =
+      autograd_call(kKind, input, residual, normalized_shape, weight, std::nullopt,
+                    eps.value_or(default_rms_eps(input)), below);
+  return {out, sum, rstd};
 }
 
 // Under CUDA autocast: the sum as eager's (autocast leaves add alone), then rms_norm by

@@ -29,23 +29,13 @@ Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
 
 Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                        const OptTensor& weight, const OptTensor& bias, double eps) {
-  Result result = [&]() -> Result {
-    if (!needs_grad(input, weight, bias)) {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return op().call(input, normalized_shape, weight, bias, eps);
-    }
-    const auto below = [&]() -> Outputs {
-      auto [out, mean, rstd] = op().call(input, normalized_shape, weight, bias, eps);
-      return {out, at::Tensor(), mean, rstd};  // no sum without a residual
-    };
-    auto [out, sum, mean, rstd] = record(kKind, input, std::nullopt,
-                                         static_cast<int64_t>(normalized_shape.size()), weight,
-                                         bias, eps, below);
-    return {out, mean, rstd};
-  }();
-  attach_tangents(kKind, input, std::nullopt, normalized_shape, weight, bias, eps,
-                  std::get<0>(result), at::Tensor());
-  return result;
+  const auto below = [&]() -> Outputs {
+    auto [out, mean, rstd] = op().call(input, normalized_shape, weight, bias, eps);
+    return {out, at::Tensor(), mean, rstd};  // no sum without a residual
+  };
+  auto [out, sum, mean, rstd] =
+      autograd_call(kKind, input, std::nullopt, normalized_shape, weight, bias, eps, below);
+  return {out, mean, rstd};
 }
 
 Result autocast_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,

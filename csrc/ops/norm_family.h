@@ -99,8 +99,8 @@ inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
 }
 
 // The op itself, called below autograd by the autograd kernel (so that a compiled graph
-// records the public op, with its fake kernel). Outputs the op's schema lacks: the sum
-// undefined, RMSNorm's mean an empty tensor (`none_like`, what norm_bwd takes).
+// records the public op, with its fake kernel). Outputs the op's schema lacks are undefined:
+// the sum without a residual, RMSNorm's mean (record() saves `none_like` for norm_bwd).
 using BelowAutograd = std::function<Outputs()>;
 
 inline at::Tensor none_like(const at::Tensor& t) { return at::empty({0}, t.options()); }
@@ -171,10 +171,9 @@ struct NormBackward : public torch::autograd::Node {
   }
 };
 
-// The autograd kernel of every norm op when a graph is recorded (each op calls itself
-// below autograd directly when not): runs the op below autograd, then links its
-// differentiable outputs (out, and the sum with a residual) to a NormBackward node.
-// mean and rstd get no history: not differentiable.
+// The autograd kernel of every norm op when a graph is recorded (autograd_call): runs the
+// op below autograd, then links its differentiable outputs (out, and the sum with a
+// residual) to a NormBackward node. mean and rstd get no history: not differentiable.
 inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTensor& residual,
                       int64_t dims, const OptTensor& weight, const OptTensor& bias, double eps,
                       const BelowAutograd& below) {
@@ -194,7 +193,8 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
                                       : torch::autograd::SavedVariable(input, false);
   node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
   node->bias_ = torch::autograd::SavedVariable(defined_or_empty(bias), false);
-  node->mean_ = torch::autograd::SavedVariable(mean, false);
+  // RMSNorm has no mean: norm_bwd takes an empty tensor for it.
+  node->mean_ = torch::autograd::SavedVariable(mean.defined() ? mean : none_like(rstd), false);
   node->rstd_ = torch::autograd::SavedVariable(rstd, false);
   // Only a create_graph backward reads these: with a residual the input is not otherwise
   // saved (a reference to it, no copy). Without one, saving nothing more is host time
@@ -203,6 +203,26 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
     node->input_ = torch::autograd::SavedVariable(input, false);
     node->residual_ = torch::autograd::SavedVariable(*residual, false);
   }
+  return outputs;
+}
+
+// The autograd kernel of every norm op: the op below autograd when nothing requires grad
+// (no node, no saved tensors), record() when something does, then the tangents of
+// forward-mode AD (attach_tangents).
+inline Outputs autograd_call(const NormKind& kind, const at::Tensor& input,
+                             const OptTensor& residual, c10::SymIntArrayRef normalized_shape,
+                             const OptTensor& weight, const OptTensor& bias, double eps,
+                             const BelowAutograd& below) {
+  Outputs outputs = [&]() -> Outputs {
+    if (!needs_grad(input, residual, weight, bias)) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return below();
+    }
+    return record(kind, input, residual, static_cast<int64_t>(normalized_shape.size()), weight,
+                  bias, eps, below);
+  }();
+  attach_tangents(kind, input, residual, normalized_shape, weight, bias, eps,
+                  std::get<0>(outputs), std::get<1>(outputs));
   return outputs;
 }
 

@@ -29,24 +29,14 @@ Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
 
 Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                        const OptTensor& weight, std::optional<double> eps) {
-  const double eps_value = eps.value_or(default_rms_eps(input));
-  Result result = [&]() -> Result {
-    if (!needs_grad(input, weight)) {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return op().call(input, normalized_shape, weight, eps);
-    }
-    const auto below = [&]() -> Outputs {
-      auto [out, rstd] = op().call(input, normalized_shape, weight, eps);
-      return {out, at::Tensor(), none_like(rstd), rstd};  // no sum; mean: norm_bwd takes [0]
-    };
-    auto [out, sum, mean, rstd] =
-        record(kKind, input, std::nullopt, static_cast<int64_t>(normalized_shape.size()),
-               weight, std::nullopt, eps_value, below);
-    return {out, rstd};
-  }();
-  attach_tangents(kKind, input, std::nullopt, normalized_shape, weight, std::nullopt, eps_value,
-                  std::get<0>(result), at::Tensor());
-  return result;
+  const auto below = [&]() -> Outputs {
+    auto [out, rstd] = op().call(input, normalized_shape, weight, eps);
+    return {out, at::Tensor(), at::Tensor(), rstd};  // no sum, no mean
+  };
+  auto [out, sum, mean, rstd] =
+      autograd_call(kKind, input, std::nullopt, normalized_shape, weight, std::nullopt,
+                    eps.value_or(default_rms_eps(input)), below);
+  return {out, rstd};
 }
 
 Result autocast_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
