@@ -3,8 +3,8 @@ with fusednorm's: torch.profiler over a few steps of each, after warm-up.
 
     python examples/profile_step.py OUT_DIR [--warmup 20] [--steps 10] [train_gpt.py options]
 
-For each norm: the wall time per step, the time the device (CUDA) or the CPU's operators
-spent per step, and the operators and kernels with the most self time per step, which is
+For each norm: the wall time per step, the time the device's kernels (CUDA) or the CPU's
+operators were busy per step (a step whose wall time is well above it waits on the host), and the operators and kernels with the most self time per step, which is
 what to compare when one model trains slower than the other. Writes OUT_DIR/profile.json
 and OUT_DIR/profile.md and prints the latter.
 """
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 HERE = Path(__file__).resolve().parent
@@ -51,13 +52,18 @@ def profile_norm(norm: str, warmup: int, steps: int, extra: list[str]) -> dict:
         wall = time.perf_counter() - start
     events = [e for e in prof.key_averages() if self_time_us(e, on_device) > 0]
     events.sort(key=lambda e: self_time_us(e, on_device), reverse=True)
-    rows = [{"name": e.key, "calls_per_step": e.count / steps,
+    # On a GPU an operator's self device time is that of the kernels it launched, which
+    # are rows of their own: only the kernels (and memcpys) add up to the device's time.
+    rows = [{"name": e.key, "kind": "op" if e.device_type == DeviceType.CPU else "kernel",
+             "calls_per_step": e.count / steps,
              "self_us_per_step": self_time_us(e, on_device) / steps} for e in events]
+    busy_kind = "kernel" if on_device else "op"
     return {
         "norm": norm, "steps": steps, "device_kind": trainer.device.type,
         "wall_ms_per_step": 1e3 * wall / steps,
-        # Device: summed kernel (and memcpy) time; CPU: summed self time of the operators.
-        "busy_ms_per_step": sum(r["self_us_per_step"] for r in rows) / 1e3,
+        "busy_ms_per_step": sum(r["self_us_per_step"] for r in rows
+                                if r["kind"] == busy_kind) / 1e3,
+        "launches_per_step": sum(r["calls_per_step"] for r in rows if r["kind"] == "kernel"),
         "rows": rows,
     }
 
@@ -68,14 +74,14 @@ def markdown(results: list[dict], meta: dict) -> str:
              f"torch {meta['torch']}, commit `{meta['commit']}`, train_gpt options "
              f"`{' '.join(meta['options'])}`; {meta['warmup']} warm-up steps, then "
              f"{results[0]['steps']} profiled. Self time per step on the {where}.", "",
-             "| norm | wall ms/step | busy ms/step |", "|---|--:|--:|"]
-    lines += [f"| {r['norm']} | {r['wall_ms_per_step']:.2f} | {r['busy_ms_per_step']:.2f} |"
-              for r in results]
+             "| norm | wall ms/step | busy ms/step | kernel launches/step |", "|---|--:|--:|--:|"]
+    lines += [f"| {r['norm']} | {r['wall_ms_per_step']:.2f} | {r['busy_ms_per_step']:.2f} | "
+              f"{r['launches_per_step']:g} |" for r in results]
     for r in results:
         lines += ["", f"## {r['norm']}: top {TOP} by self time", "",
-                  "| self us/step | calls/step | name |", "|--:|--:|---|"]
+                  "| self us/step | calls/step | kind | name |", "|--:|--:|---|---|"]
         lines += [f"| {row['self_us_per_step']:.1f} | {row['calls_per_step']:g} | "
-                  f"`{row['name'][:110]}` |" for row in r["rows"][:TOP]]
+                  f"{row['kind']} | `{row['name'][:110]}` |" for row in r["rows"][:TOP]]
     return "\n".join(lines) + "\n"
 
 
@@ -93,7 +99,7 @@ def main() -> None:
 
     meta = {"device": device_name(torch.device("cuda" if "cuda" in extra else "cpu")),
             "torch": torch.__version__, "options": extra,
-            "commit": os.environ.get("FUSEDNORM_COMMIT") or git_commit(),
+            "commit": git_commit(),
             "warmup": args.warmup}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.json").write_text(json.dumps({**meta, "results": results}, indent=1))

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -101,6 +102,10 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
 
 
 def git_commit() -> str | None:
+    # FUSEDNORM_COMMIT names the sources when their .git is not theirs (a copy sent to a GPU
+    # machine carried an older one), as for the benchmarks' stamp.
+    if os.environ.get("FUSEDNORM_COMMIT"):
+        return os.environ["FUSEDNORM_COMMIT"]
     try:
         result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_EXAMPLES_DIR,
                                 capture_output=True, text=True, timeout=10)

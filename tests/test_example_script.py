@@ -152,3 +152,32 @@ def test_compare_speed_interleaves_steps(tmp_path):
     assert summary["final_loss"]["torch"][0] == summary["final_loss"]["torch"][1]
     md = (tmp_path / "interleaved.md").read_text()
     assert md.startswith("# Example GPT training speed on ") and "steps interleaved" in md
+
+
+def test_profile_step(tmp_path):
+    """examples/profile_step.py: both norms profiled; the CPU busy time is the operators' summed
+    self time; the fused model's rows show fusednorm's ops and the torch model's do not."""
+    _run("profile_step.py", str(tmp_path), "--warmup", "2", "--steps", "2", "--device", "cpu",
+         *TINY_ARGS)
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    results = {r["norm"]: r for r in profile["results"]}
+    assert set(results) == {"torch", "fused"}
+    for norm, r in results.items():
+        assert r["steps"] == 2 and r["wall_ms_per_step"] > 0 and r["launches_per_step"] == 0
+        assert r["busy_ms_per_step"] == pytest.approx(
+            sum(row["self_us_per_step"] for row in r["rows"]) / 1e3)
+        names = {row["name"] for row in r["rows"]}
+        assert any(n.startswith("fusednorm::") for n in names) == (norm == "fused")
+    assert (tmp_path / "profile.md").read_text().startswith("# Example GPT step profile")
+
+
+def test_commit_stamp_names_the_sources_when_told(monkeypatch):
+    """FUSEDNORM_COMMIT names the sources (a copy whose .git is not theirs), as in the
+    benchmarks' stamp."""
+    sys.path.insert(0, str(EXAMPLES_DIR))
+    from train_gpt import git_commit
+
+    monkeypatch.setenv("FUSEDNORM_COMMIT", "0123abc")
+    assert git_commit() == "0123abc"
+    monkeypatch.delenv("FUSEDNORM_COMMIT")
+    assert git_commit() != "0123abc"
