@@ -329,15 +329,16 @@ def test_emulated_layer_norm_kernels(harness, pass_, t, p):
 
 
 def test_emulation_catches_a_missing_barrier(tmp_path):
-    """The harness can fail: the same kernels without the barrier of the row reduction
-    (csrc copied and edited) give wrong results in the emulation."""
+    """The harness can fail: the same kernels without the barrier of the row sums (row_sums,
+    csrc copied and edited) give wrong results in the emulation."""
     csrc = tmp_path / "csrc"
     shutil.copytree(os.path.join(REPO, "csrc"), csrc)
     kernels = csrc / "cuda" / "layer_norm_kernels.cuh"
     text = kernels.read_text()
-    barrier = "      red[3 * warp + 2] = s.count;\n    }\n    __syncthreads();\n"
-    assert barrier in text, "the row reduction's barrier moved: update this test"
-    kernels.write_text(text.replace(barrier, "      red[3 * warp + 2] = s.count;\n    }\n"))
+    stores = "      for (int k = 0; k < K; ++k) red[K * warp + k] = v[k];\n    }\n"
+    barrier = stores + "    __syncthreads();\n"
+    assert text.count(barrier) == 1, "the row reduction's barrier moved: update this test"
+    kernels.write_text(text.replace(barrier, stores))
     binary = build_harness(str(tmp_path), csrc=str(csrc), only_float=True)
     code, out, _ = run_cases(binary, ["fwd f32 f32 5 1000 wb 0 0 asc"])
     assert code != 0 and "FAIL fwd f32 f32 5 1000" in out, out

@@ -199,36 +199,11 @@ __device__ __forceinline__ WelfordState<acc_t> merge_lanes(const acc_t (&mean)[k
   return s;
 }
 
-// Merge of a row's summaries over its TPR threads, the same bits in every thread of the row.
-// red: this row's 3 * kWarps slots of shared memory, not read since the last barrier by any
-// thread (the callers alternate two buffers, so one barrier per reduction suffices).
-template <int kWarps, typename acc_t>
-__device__ __forceinline__ WelfordState<acc_t> row_merge(WelfordState<acc_t> s, acc_t* red) {
-  s = warp_merge(s);
-  if constexpr (kWarps > 1) {
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp = (threadIdx.x / kWarpSize) % kWarps;
-    if (lane == 0) {
-      red[3 * warp] = s.mean;
-      red[3 * warp + 1] = s.m2;
-      red[3 * warp + 2] = s.count;
-    }
-    __syncthreads();
-    WelfordState<acc_t> t;
-    if (lane < kWarps) {
-      t.mean = red[3 * lane];
-      t.m2 = red[3 * lane + 1];
-      t.count = red[3 * lane + 2];
-    }
-    s = warp_merge(t);  // lanes >= kWarps hold empty summaries, which merge exactly
-  }
-  return s;
-}
-
 // Sums of v[0], ..., v[K-1] over a row's TPR threads, the same bits in every thread of the
-// row. red: this row's K * kWarps slots of shared memory (as for row_merge). Every value is
-// reduced whether used or not: a shuffle under a condition the compiler cannot prove
-// uniform cost the 16-bit backward buckets of 4 packs 56-156 bytes of spills.
+// row. red: this row's K * kWarps slots of shared memory, not read since the last barrier by
+// any thread (the callers alternate two buffers, so one barrier per reduction suffices).
+// Every value is reduced whether used or not: a shuffle under a condition the compiler
+// cannot prove uniform cost the 16-bit backward buckets of 4 packs 56-156 bytes of spills.
 template <int kWarps, int K, typename acc_t>
 __device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
 #pragma unroll
@@ -244,6 +219,31 @@ __device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < kWarps ? red[K * lane + k] : acc_t(0));
   }
+}
+
+// The row's summary from its threads' when the row's count is known (count: the chunk's
+// elements; inv_count: its reciprocal, 0 for an empty chunk), the same bits in every thread
+// of the row. Chan's formula for all the parts at once: mean = sum(n_t * mean_t) / count,
+// m2 = sum(m2_t + n_t * (mean_t - mean)^2), every term of the second sum >= 0. Two sums of
+// one value instead of warp_merge's pairwise merges (five a warp, each with a division and
+// branches on empty parts), which took a sixth of the 16-bit forward's instructions when
+// that kernel was issue-bound (ncu, H200, bf16 65536 x 1024: 36 instructions per element, an
+// instruction issued in 76% of cycles, 50% of DRAM bandwidth). red: this row's 2 * kWarps
+// slots of shared memory (as for row_sums).
+template <int kWarps, typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> row_merge_counted(const WelfordState<acc_t>& t,
+                                                                 acc_t count, acc_t inv_count,
+                                                                 acc_t* red) {
+  WelfordState<acc_t> s;
+  s.count = count;
+  acc_t sum[1] = {t.count * t.mean};
+  row_sums<kWarps>(sum, red);
+  s.mean = sum[0] * inv_count;
+  const acc_t d = t.mean - s.mean;  // threads with no values: 0 * d + 0 adds nothing
+  acc_t m2[1] = {fma_acc(t.count * d, d, t.m2)};
+  row_sums<kWarps>(m2, red + kWarps);
+  s.m2 = m2[0];
+  return s;
 }
 
 // Sums of a and b over a row's TPR threads (row_sums of two).
@@ -359,6 +359,8 @@ struct FwdParams {
   acc_t* mean_rest;  // kApply, CENTERED: [M] what the float mean lost (nearest_and_rest)
   int64_t M, N;
   int64_t chunk, chunks;
+  // 1 / the elements of a chunk: of every chunk but the last, of the last (0 for N = 0).
+  acc_t inv_chunk, inv_last_chunk;
   acc_t eps;
   int mode;
 };
@@ -438,7 +440,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       const int64_t row = g * Layout::kRows + slot;
       const bool row_ok = row < p.M;
       const int64_t row_start = row_ok ? row * p.N : 0;
-      const T* x = p.x + row_start + col0;
+      // This thread's first element in the row; pack i is kStride elements further. (Addresses
+      // as base + a constant, not base + (i * TPR + tid) * VEC: the buckets of 8 packs kept
+      // those offsets in registers, and spilled them.)
+      constexpr int kStride = TPR * VEC;
+      const int64_t first = row_start + col0 + int64_t(tid) * VEC;
 
       // Read this thread's packs; the valid ones are a prefix of the ITEMS.
       Pack<T, VEC> xs[ITEMS];
@@ -447,16 +453,16 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       for (int i = 0; i < ITEMS; ++i) {
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
-          xs[i] = load_pack<VEC>(x + off);
+          xs[i] = load_pack<VEC>(p.x + first + i * kStride);
           if (p.residual != nullptr) {
             // s = x + residual, rounded to T: the sum output, and what is normalized (its
             // rounded values, as the backward sees them).
-            const Pack<T, VEC> r = load_pack<VEC>(p.residual + row_start + col0 + off);
+            const Pack<T, VEC> r = load_pack<VEC>(p.residual + first + i * kStride);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
               xs[i].v[e] = static_cast<T>(to_acc(xs[i].v[e]) + to_acc(r.v[e]));
             }
-            if (mode != kPartial) store_pack<VEC>(p.sum + row_start + col0 + off, xs[i]);
+            if (mode != kPartial) store_pack<VEC>(p.sum + first + i * kStride, xs[i]);
           }
           valid = i + 1;
         }
@@ -517,8 +523,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             }
           }
         }
-        WelfordState<acc_t> s = row_merge<Layout::kWarps>(
-            merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), red[parity][slot]);
+        // (The reciprocal read from the parameters where used: one held across the row loop
+        // made the buckets of 8 packs spill.)
+        WelfordState<acc_t> s = row_merge_counted<Layout::kWarps>(
+            merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), acc_t(len),
+            c + 1 < p.chunks ? p.inv_chunk : p.inv_last_chunk, red[parity][slot]);
         if constexpr (CLUSTER) {
           s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
@@ -535,7 +544,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         const NearestAndRest<acc_t> split = nearest_and_rest(shift, s.mean);
         mean = split.nearest;
         mean_rest = split.rest;
-        rstd = inverse_sqrt(s.variance() + p.eps);
+        // Without clusters the row is one chunk (no division per row).
+        rstd = inverse_sqrt((CLUSTER ? s.variance() : s.m2 * p.inv_last_chunk) + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) {
           p.mean[row] = mean;
           p.rstd[row] = rstd;
@@ -551,7 +561,6 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         if (i < valid) {
-          const int off = (i * TPR + tid) * VEC;
           const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - mean - mean_rest) * rstd; };
           // One branch per affine case, each loading what it uses: parameter packs that
           // might be unset were unpacked element by element into separate registers.
@@ -561,7 +570,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           Pack<T, VEC> out;
 #pragma unroll
           for (int h = 0; h < VEC / kSub; ++h) {
-            const int64_t at = col0 + off + h * kSub;
+            const int64_t at = col0 + tid * VEC + i * kStride + h * kSub;
             const auto param = [&](const P* base, const Pack<P, VEC>& hoisted) {
               Pack<P, kSub> sub;
               if constexpr (kHoistParams) {
@@ -597,7 +606,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
               for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e));
             }
           }
-          store_pack<VEC>(p.y + (row_start + col0) + off, out);
+          store_pack<VEC>(p.y + first + i * kStride, out);
         }
       }
     }
@@ -1137,6 +1146,9 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   p.N = a.N;
   p.chunk = split.chunk;
   p.chunks = split.chunks;
+  const int64_t last_chunk = a.N - (split.chunks - 1) * split.chunk;
+  p.inv_chunk = acc_t(1) / static_cast<acc_t>(std::max<int64_t>(split.chunk, 1));
+  p.inv_last_chunk = last_chunk > 0 ? acc_t(1) / static_cast<acc_t>(last_chunk) : acc_t(0);
   p.eps = static_cast<acc_t>(a.eps);
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
