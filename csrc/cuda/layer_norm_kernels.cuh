@@ -359,8 +359,9 @@ struct FwdParams {
   acc_t* mean_rest;  // kApply, CENTERED: [M] what the float mean lost (nearest_and_rest)
   int64_t M, N;
   int64_t chunk, chunks;
-  // 1 / the elements of a chunk: of every chunk but the last, of the last (0 for N = 0).
-  acc_t inv_chunk, inv_last_chunk;
+  // 1 / the elements of a chunk: of every chunk but the last, of the last; 1 / N (all 0 for
+  // N = 0). Reciprocals from the host: no division per row.
+  acc_t inv_chunk, inv_last_chunk, inv_n;
   acc_t eps;
   int mode;
 };
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       acc_t mean = 0, mean_rest = 0, rstd = 0;
       if (mode != kApply && !CENTERED) {
         // RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps).
-        acc_t sum_sq = 0, unused = 0;
+        acc_t sum_sq = 0;
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
           if (i < valid) {
@@ -485,10 +486,12 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             }
           }
         }
-        row_sum2<Layout::kWarps>(sum_sq, unused, red[parity][slot]);
+        acc_t row_sum_sq[1] = {sum_sq};
+        row_sums<Layout::kWarps>(row_sum_sq, red[parity][slot]);
         if constexpr (CLUSTER) {
-          cluster_sum2(sum_sq, unused, cluster_slots[parity][slot], tid == 0, int(p.chunks));
+          cluster_sums(row_sum_sq, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
+        sum_sq = row_sum_sq[0];
         parity ^= 1;
         if (mode == kPartial) {
           if (row_ok && tid == 0) {
@@ -498,8 +501,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           }
           continue;
         }
-        // An empty row has mean(x^2) = 0, as on the CPU (not 0 / 0).
-        rstd = inverse_sqrt((p.N > 0 ? sum_sq / acc_t(p.N) : acc_t(0)) + p.eps);
+        // An empty row has mean(x^2) = 0, as on the CPU (inv_n = 0, not 0 / 0).
+        rstd = inverse_sqrt(sum_sq * p.inv_n + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) p.rstd[row] = rstd;
       } else if (mode != kApply) {
         // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
@@ -544,8 +547,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         const NearestAndRest<acc_t> split = nearest_and_rest(shift, s.mean);
         mean = split.nearest;
         mean_rest = split.rest;
-        // Without clusters the row is one chunk (no division per row).
-        rstd = inverse_sqrt((CLUSTER ? s.variance() : s.m2 * p.inv_last_chunk) + p.eps);
+        rstd = inverse_sqrt(s.m2 * p.inv_n + p.eps);  // s.count is N here: no division per row
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) {
           p.mean[row] = mean;
           p.rstd[row] = rstd;
@@ -1149,6 +1151,7 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   const int64_t last_chunk = a.N - (split.chunks - 1) * split.chunk;
   p.inv_chunk = acc_t(1) / static_cast<acc_t>(std::max<int64_t>(split.chunk, 1));
   p.inv_last_chunk = last_chunk > 0 ? acc_t(1) / static_cast<acc_t>(last_chunk) : acc_t(0);
+  p.inv_n = a.N > 0 ? acc_t(1) / static_cast<acc_t>(a.N) : acc_t(0);
   p.eps = static_cast<acc_t>(a.eps);
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;

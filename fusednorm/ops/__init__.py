@@ -5,9 +5,10 @@ with gradients of any order, the autocast rule) lives in C++, in csrc/ops/<op>.c
 call is one torch.ops call with no Python on its way. Each module here adds what tracing
 needs, a fake kernel that says the output shapes without reading data (so that
 torch.compile(fullgraph=True) and torch.export see every op as one opaque node), and the
-op's OpOverload (None when the library did not load).
+op's OpOverload (None when the library did not load); batching.py adds vmap rules.
 """
 from . import backend  # noqa: F401  (registers the backend ops' fake kernels)
+from . import batching  # noqa: F401  (registers the forward ops' vmap rules)
 from ._library import FAST
 from .add_layer_norm import ADD_LAYER_NORM
 from .add_rms_norm import ADD_RMS_NORM

@@ -1,0 +1,61 @@
+"""torch.func.vmap rules for the forward ops, so that vmap (per-sample gradients with
+vmap(grad(...)), batched inference) runs one fused call instead of functorch's fallback, which
+calls the op once per batch element and warns about it.
+
+Every op normalizes (or transforms) rows independently with the same parameters, so a batch
+dimension on the data only (input, residual) folds into the rows: move it to the front and
+call the op once; each output has it in front. With batched parameters (an ensemble of
+models, torch.func.stack_module_state) the rows no longer share them: then one call per
+batch element, stacked, whose results are those of the unbatched op bit for bit.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._library import OPS
+
+
+def _batch_rule(op, data: Sequence[int]):
+    """The vmap rule of `op` whose arguments at positions `data` are row data (the rest are
+    parameters or non-tensors)."""
+
+    def rule(info, in_dims, *args):
+        batch = info.batch_size
+        # in_dims: an int for a batched tensor; None (or, for a list such as
+        # normalized_shape, a list of Nones) otherwise.
+        in_dims = [d if isinstance(d, int) else None for d in in_dims]
+        params_batched = any(d is not None for i, d in enumerate(in_dims) if i not in data)
+        if not params_batched:
+            folded = list(args)
+            for i in data:
+                if in_dims[i] is None:  # unbatched data beside batched: the same for each
+                    folded[i] = args[i].expand(batch, *args[i].shape)
+                else:
+                    folded[i] = args[i].movedim(in_dims[i], 0)
+            outputs = op(*folded)
+        else:
+            per_element = [
+                op(*[a.select(d, b) if d is not None else a for a, d in zip(args, in_dims)])
+                for b in range(batch)
+            ]
+            outputs = tuple(torch.stack(parts) for parts in zip(*per_element))
+        return outputs, (0,) * len(outputs)
+
+    return rule
+
+
+# Op name -> positions of its row data.
+_DATA_ARGS = {
+    "layer_norm": (0,),
+    "rms_norm": (0,),
+    "add_layer_norm": (0, 1),
+    "add_rms_norm": (0, 1),
+    "gelu_ffn": (0,),
+    "layer_norm_gelu_ffn": (0,),
+}
+
+if OPS is not None:
+    for _name, _data in _DATA_ARGS.items():
+        torch.library.register_vmap(f"fusednorm::{_name}", _batch_rule(getattr(OPS, _name).default, _data))
