@@ -424,6 +424,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
     const int64_t col0 = c * p.chunk;
     // Elements of this chunk (at most one bucket's capacity, so offsets in it fit an int).
     const int len = static_cast<int>(std::min(p.chunk, p.N - col0));
+    const acc_t inv_len = c + 1 < p.chunks ? p.inv_chunk : p.inv_last_chunk;  // 1 / len
     // Small buckets keep their parameter packs in registers for all the block's rows
     // (loaded once, not after each row's reduction: a cache round trip per row).
     Pack<P, VEC> w_hoisted[kHoistParams ? ITEMS : 1], b_hoisted[kHoistParams ? ITEMS : 1];
@@ -526,11 +527,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             }
           }
         }
-        // (The reciprocal read from the parameters where used: one held across the row loop
-        // made the buckets of 8 packs spill.)
         WelfordState<acc_t> s = row_merge_counted<Layout::kWarps>(
-            merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), acc_t(len),
-            c + 1 < p.chunks ? p.inv_chunk : p.inv_last_chunk, red[parity][slot]);
+            merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), acc_t(len), inv_len,
+            red[parity][slot]);
         if constexpr (CLUSTER) {
           s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
