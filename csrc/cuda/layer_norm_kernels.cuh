@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             const Pack<T, VEC> r = load_pack<VEC>(p.residual + first + i * kStride);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              xs[i].v[e] = static_cast<T>(to_acc(xs[i].v[e]) + to_acc(r.v[e]));
+              xs[i].v[e] = static_cast<T>(pack_acc(xs[i], e) + pack_acc(r, e));
             }
             if (mode != kPartial) store_pack<VEC>(p.sum + first + i * kStride, xs[i]);
           }
@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           if (i < valid) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              const acc_t v = to_acc(xs[i].v[e]);
+              const acc_t v = pack_acc(xs[i], e);
               sum_sq = fma_acc(v, v, sum_sq);
             }
           }
@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
               constexpr int kPerPack = VEC / kLanes;
               const int l = e % kLanes;
               const acc_t inv_count = acc_t(1) / acc_t(i * kPerPack + e / kLanes + 1);
-              const acc_t v = to_acc(xs[i].v[e]) - shift;
+              const acc_t v = pack_acc(xs[i], e) - shift;
               const acc_t delta = v - lane_mean[l];
               lane_mean[l] = fma_acc(delta, inv_count, lane_mean[l]);
               lane_m2[l] = fma_acc(delta, v - lane_mean[l], lane_m2[l]);
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         if (i < valid) {
-          const auto xhat = [&](int e) { return (to_acc(xs[i].v[e]) - mean - mean_rest) * rstd; };
+          const auto xhat = [&](int e) { return (pack_acc(xs[i], e) - mean - mean_rest) * rstd; };
           // One branch per affine case, each loading what it uses: parameter packs that
           // might be unset were unpacked element by element into separate registers.
           // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
@@ -588,19 +588,19 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
                 out.v[h * kSub + e] =
-                    static_cast<T>(fma_acc(xhat(h * kSub + e), to_acc(w.v[e]), to_acc(b.v[e])));
+                    static_cast<T>(fma_acc(xhat(h * kSub + e), pack_acc(w, e), pack_acc(b, e)));
               }
             } else if (p.weight != nullptr) {
               const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
-                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) * to_acc(w.v[e]));
+                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) * pack_acc(w, e));
               }
             } else if (p.bias != nullptr) {
               const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
-                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) + to_acc(b.v[e]));
+                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) + pack_acc(b, e));
               }
             } else {
 #pragma unroll
