@@ -848,8 +848,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
             const auto add = [&](auto g) {
 #pragma unroll
               for (int e = 0; e < VEC; ++e) {
-                const acc_t xhat = (to_acc(xs[i].v[e]) - mean) * rstd;
-                const acc_t gv = g(e, to_acc(dys[i].v[e]));
+                const acc_t xhat = (pack_acc(xs[i], e) - mean) * rstd;
+                const acc_t gv = g(e, pack_acc(dys[i], e));
                 sum_g += gv;
                 sum_gx = fma_acc(gv, xhat, sum_gx);
                 if (correct) sum_xhat += xhat;
@@ -857,7 +857,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
             };
             if (p.weight != nullptr) {
               const Pack<P, VEC> w = weight_pack(i, (i * TPR + tid) * VEC);
-              add([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
+              add([&](int e, acc_t d) { return mul_rn(d, pack_acc(w, e)); });
             } else {
               add([](int, acc_t d) { return d; });
             }
@@ -910,11 +910,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
           const auto apply = [&](auto g) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              const acc_t xhat = CENTERED ? fma_acc(to_acc(xs[i].v[e]) - mean, rstd, neg_xhat_shift)
-                                          : to_acc(xs[i].v[e]) * rstd;
-              const acc_t d = to_acc(dys[i].v[e]);
+              const acc_t xhat = CENTERED ? fma_acc(pack_acc(xs[i], e) - mean, rstd, neg_xhat_shift)
+                                          : pack_acc(xs[i], e) * rstd;
+              const acc_t d = pack_acc(dys[i], e);
               acc_t v = rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g);
-              if (has_gsum) v += to_acc(gsum.v[e]);  // (a branch: no -0 + 0 without it)
+              if (has_gsum) v += pack_acc(gsum, e);  // (a branch: no -0 + 0 without it)
               out.v[e] = static_cast<T>(v);
               dw[i][e] = fma_acc(d, xhat, dw[i][e]);
               if constexpr (CENTERED) db[i][e] += d;
@@ -922,7 +922,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
           };
           if (p.weight != nullptr) {
             const Pack<P, VEC> w = weight_pack(i, off);
-            apply([&](int e, acc_t d) { return mul_rn(d, to_acc(w.v[e])); });
+            apply([&](int e, acc_t d) { return mul_rn(d, pack_acc(w, e)); });
           } else {
             apply([](int, acc_t d) { return d; });
           }
