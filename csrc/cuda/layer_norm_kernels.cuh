@@ -246,15 +246,6 @@ __device__ __forceinline__ WelfordState<acc_t> row_merge_counted(const WelfordSt
   return s;
 }
 
-// Sums of a and b over a row's TPR threads (row_sums of two).
-template <int kWarps, typename acc_t>
-__device__ __forceinline__ void row_sum2(acc_t& a, acc_t& b, acc_t* red) {
-  acc_t v[2] = {a, b};
-  row_sums<kWarps>(v, red);
-  a = v[0];
-  b = v[1];
-}
-
 // The row's summary over the blocks of a cluster (each holds one chunk), merged in block-rank
 // order: the same bits in every thread of every block. slot: this block's 3 words for the
 // row, in a buffer that no block has read since the previous cluster barrier (the callers
@@ -298,16 +289,6 @@ __device__ __forceinline__ void cluster_sums(acc_t (&v)[K], acc_t* slot, bool wr
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] += peer[k];
   }
-}
-
-// Sums of a and b over the blocks of a cluster (cluster_sums of two).
-template <typename acc_t>
-__device__ __forceinline__ void cluster_sum2(acc_t& a, acc_t& b, acc_t* slot, bool writer,
-                                             int blocks) {
-  acc_t v[2] = {a, b};
-  cluster_sums(v, slot, writer, blocks);
-  a = v[0];
-  b = v[1];
 }
 
 // What a launch of the row kernels does with its chunk of each row.
@@ -394,7 +375,7 @@ __device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual
 // CLUSTER: launched in clusters of p.chunks blocks along y (grid.y == p.chunks), mode kFull:
 // block y holds chunk y of each row, and the blocks merge their statistics (cluster_merge).
 // Not CENTERED (RMSNorm): shift = mean = 0, the statistic is the row's sum of squares
-// (row_sum2 / cluster_sum2; one chain per thread, as a pack's elements are independent).
+// (row_sums / cluster_sums; one chain per thread, as a pack's elements are independent).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
