@@ -85,8 +85,7 @@ def test_outputs_larger_than_caches(dtype, N, output_mib):
     N but 4100 in float64) stream from registers, and their backward asks for the next
     tile's dy in its first sweep; short rows that are not (1000 float32 and bfloat16) go
     through a staging copy that streams each row's lines out as they fill, long ones (4100)
-    take plain stores, and so does a backward's dx of such rows up to 8 MiB (6 MiB here;
-    9 MiB is staged). Rows shorter than a line (24) share lines with their neighbours,
+    take plain stores. Rows shorter than a line (24) share lines with their neighbours,
     and the threads' chunks of rows meet inside lines."""
     M = (output_mib << 20) // (N * dtype.itemsize) + 1
     x = random_input((M, N), dtype, "cpu")

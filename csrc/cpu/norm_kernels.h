@@ -972,16 +972,7 @@ void norm_bwd_rows(const NormBwdArgs<T, acc_t>& a, acc_t* partial_w, acc_t* part
   // Traffic: dy, x and dx (and dsum).
   const int64_t bytes = M * N * int64_t(sizeof(T));
   const bool stream = use_streaming_stores(a.dx, bytes, (a.dsum != nullptr ? 4 : 3) * bytes);
-  // Rows that do not start on a cache line are staged to be streamed only when dx is large.
-  // A dx of a few MiB (N = 1000 16-bit, up to 4096 rows) stays in the last-level cache with
-  // plain stores, and the stage's copy costs more than streaming saves: benchmarks.kernel_ab,
-  // 2 threads, plain against staged: bfloat16 4096 x 1000 1.05-1.19x, 3000 x 1000 1.18x,
-  // float16 4096 x 1000 1.08x; 6000 x 1000 (11 MiB) 1.00x, 16384 x 1000 0.92-0.99x, float32
-  // 4096 x 1000 (16 MiB) 0.87x. Rows that do start on one keep streaming from registers
-  // (plain stores: bfloat16 4096 x 1024 0.80x, float16 0.86x).
-  constexpr int64_t kStagedMinBytes = int64_t(8) << 20;
-  OutputPath path = output_path(stream, a.dx, N, kRowTile);
-  if (path == OutputPath::kStaged && bytes <= kStagedMinBytes) path = OutputPath::kPlain;
+  const OutputPath path = output_path(stream, a.dx, N, kRowTile);
   auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
     for (int64_t r = begin; r < end; r += kRowTile) {
       norm_bwd_tile<T, acc_t, kCentered, kWeight, kParamGrads>(
