@@ -103,6 +103,11 @@ inline bool is_16b_aligned(const void* p) {
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
+// a * b + c rounded once, as an explicit fused multiply-add (the same in every kernel that
+// must reproduce another's bits, e.g. the LayerNorm forward and layer_norm_apply).
+__device__ __forceinline__ float fma_acc(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_acc(double a, double b, double c) { return __fma_rn(a, b, c); }
+
 template <typename T>
 __device__ __forceinline__ T shfl_xor(T v, int mask) {
   return __shfl_xor_sync(kFullMask, v, mask);

@@ -1,4 +1,5 @@
-// The LayerNorm output from saved statistics, y = ((x - mean) - rest) * rstd * weight + bias,
+// The LayerNorm output from saved statistics, y = ((x - mean) - rest) * rstd * weight + bias
+// (as fma(x - mean, rstd, -rest * rstd), then fma(., weight, bias), like the forward),
 // on CUDA: one elementwise pass over a contiguous [M, N] input with 16-byte accesses where N
 // and the pointers allow, in float (double for double). rest is what the saved float mean
 // lost, mean(x - mean), found again by a pass over the rows far from zero only
@@ -65,14 +66,22 @@ __global__ void __launch_bounds__(kThreads)
        i += stride) {
     const int64_t row = i / packs_per_row;
     const int64_t col = (i - row * packs_per_row) * kVec;
-    const acc_t row_mean = mean[row], row_rest = rest[row], row_rstd = rstd[row];
+    const acc_t row_mean = mean[row], row_rstd = rstd[row];
+    const acc_t neg_rest_scaled = -rest[row] * row_rstd;
     const PackT xv = *reinterpret_cast<const PackT*>(x + i * kVec);
     PackT yv;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      acc_t v = ((static_cast<acc_t>(xv.v[j]) - row_mean) - row_rest) * row_rstd;
-      if constexpr (kWeight) v *= static_cast<acc_t>(weight[col + j]);
-      if constexpr (kBias) v += static_cast<acc_t>(bias[col + j]);
+      // As the forward computes it (layer_norm_kernels.cuh), bit for bit: the explicit
+      // fmas leave the compiler no choice of contraction.
+      acc_t v = fma_acc(static_cast<acc_t>(xv.v[j]) - row_mean, row_rstd, neg_rest_scaled);
+      if constexpr (kWeight && kBias) {
+        v = fma_acc(v, static_cast<acc_t>(weight[col + j]), static_cast<acc_t>(bias[col + j]));
+      } else if constexpr (kWeight) {
+        v *= static_cast<acc_t>(weight[col + j]);
+      } else if constexpr (kBias) {
+        v += static_cast<acc_t>(bias[col + j]);
+      }
       yv.v[j] = static_cast<T>(v);
     }
     *reinterpret_cast<PackT*>(y + i * kVec) = yv;
