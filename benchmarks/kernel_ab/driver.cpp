@@ -96,7 +96,10 @@ int main(int argc, char** argv) {
     std::memset(outs.back().data(), 0, size_t(bytes));  // pages mapped, as the suite's reuse
     if (residual) std::memset(sums.back().data(), 0, size_t(bytes));
   }
-  std::vector<float> partials(size_t(2 * 64 * N));  // num_row_blocks: at most 64 blocks
+  // Room for the backward's partial rows (num_row_blocks: at most 64 blocks), 64-byte
+  // aligned like the op's thread scratch (a std::vector of this size sits 16 bytes off a line).
+  AlignedBuffer partials_buffer(int64_t(sizeof(float)) * 2 * 64 * N);
+  float* partials = reinterpret_cast<float*>(partials_buffer.data());
 
   auto pass = [&](bool head) {
     const auto start = std::chrono::steady_clock::now();
@@ -106,7 +109,7 @@ int main(int argc, char** argv) {
         const char* dy = inputs[(k + 1) % sets].data();
         (head ? ab_backward_head : ab_backward_base)(dtype, dy, x, mean.data(), rstd.data(),
                                                      w.data(), outs[k].data(), dw.data(),
-                                                     db.data(), partials.data(), M, N);
+                                                     db.data(), partials, M, N);
       } else {
         const char* r = residual ? inputs[(k + 1) % sets].data() : nullptr;
         (head ? ab_forward_head : ab_forward_base)(dtype, x, r, w.data(), b.data(),
