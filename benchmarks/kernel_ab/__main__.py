@@ -4,8 +4,8 @@ the working tree's, both compiled into one binary and timed in turns in one proc
 Why: on a shared machine whose speed changes within seconds (the 2-vCPU VM of
 benchmarks/results/amd-epyc), two benchmark runs, even in turns, differed by 1.5-2x at the
 same code, more than most changes measured. Here the two sides alternate pass by pass over
-out-of-cache inputs and outputs, and the figure is the median over rounds of each round's time ratio;
-a tree against itself (--base with no change, or --same) reads 0.95-1.06x. This is a
+out-of-cache inputs and outputs, and the figure is the median over rounds of each round's
+time ratio; a tree against itself (--base with no change, or --same) reads 0.95-1.06x. This is a
 development tool: the published figures come from the suites (`python -m benchmarks`).
 
     python -m benchmarks.kernel_ab --base HEAD~1 --cases fwd:bf16:4096x1000,bwd:fp32:4096x1000

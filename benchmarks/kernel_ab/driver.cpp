@@ -1,11 +1,12 @@
 // The timing loop of a CPU kernel A/B (see benchmarks/kernel_ab). Usage:
 //   driver PASS DTYPE M N THREADS ROUNDS
 // (PASS: fwd, afwd (add + LayerNorm) or bwd; DTYPE: 0 bf16, 1 fp16, 2 fp32)
-// Inputs and outputs: enough sets of M x N to fill 128 MiB each (out of cache), cycled. Each round times one
-// pass over every set with each side, the side that goes first alternating; the result line
-// holds both sides' median and minimum ms per call and the median over rounds of the ratio
-// base / head of the round's two times (with its 20% and 80% quantiles): a machine that
-// changes speed between rounds moves both times of a round alike.
+// Inputs and outputs: enough sets of M x N to fill 128 MiB each (out of cache), cycled.
+// Each round times one pass over every set with each side, the side that goes first
+// alternating; the result line holds both sides' median and minimum ms per call and the
+// median over rounds of the ratio base / head of the round's two times (with its 20% and
+// 80% quantiles): a machine that changes speed between rounds moves both times of a round
+// alike.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -89,12 +90,15 @@ int main(int argc, char** argv) {
   // Outputs cycle with the inputs: a call writes memory that is out of cache, as a new
   // tensor from the allocator usually is. One output buffer for every call stayed in L3
   // and made plain stores look 1.05-1.25x faster than the suite found them (docs/DESIGN.md).
-  std::vector<AlignedBuffer> outs, sums;
+  // Their pages are mapped before the timing, as the suite's reused memory is.
+  std::vector<AlignedBuffer> outs, sums;  // sums: the add + LayerNorm forward's only
   for (int64_t k = 0; k < sets; ++k) {
     outs.emplace_back(bytes);
-    sums.emplace_back(residual ? bytes : 1);
-    std::memset(outs.back().data(), 0, size_t(bytes));  // pages mapped, as the suite's reuse
-    if (residual) std::memset(sums.back().data(), 0, size_t(bytes));
+    std::memset(outs.back().data(), 0, size_t(bytes));
+    if (residual) {
+      sums.emplace_back(bytes);
+      std::memset(sums.back().data(), 0, size_t(bytes));
+    }
   }
   // Room for the backward's partial rows (num_row_blocks: at most 64 blocks), 64-byte
   // aligned like the op's thread scratch (a std::vector of this size sits 16 bytes off a line).
