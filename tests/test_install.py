@@ -6,6 +6,7 @@ import os
 import runpy
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,28 @@ def test_this_checkout_is_up_to_date_after_its_build():
     done = subprocess.run([sys.executable, str(REPO / "fusednorm" / "_build_stamp.py"), "build"],
                           capture_output=True, text=True, env=env)
     assert (done.returncode, done.stdout.strip()) == (0, "up to date"), done.stdout + done.stderr
+
+
+
+def test_a_wheel_carries_every_module(tmp_path):
+    """A wheel (`pip install .`, not the scripts' editable install) must hold every module of
+    fusednorm/, subpackages included. Built from a clean copy of the tracked files (a
+    checkout's leftover *.egg-info would otherwise supply the file list), without compiling
+    (FUSEDNORM_SKIP_BUILD_EXT=1): the Python side is what this checks."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True,
+                             capture_output=True).stdout.decode().split("\0")
+    source = tmp_path / "src"
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((REPO / name).read_bytes())
+    env = {**os.environ, "FUSEDNORM_SKIP_BUILD_EXT": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                    "-q", "-w", str(tmp_path / "dist"), str(source)],
+                   env=env, check=True, capture_output=True)
+    [wheel] = (tmp_path / "dist").glob("fusednorm-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        in_wheel = {n for n in archive.namelist() if n.startswith("fusednorm/")}
+    in_checkout = {n for n in tracked if n.startswith("fusednorm/") and n.endswith(".py")}
+    assert "fusednorm/ops/__init__.py" in in_checkout
+    assert sorted(in_checkout - in_wheel) == []
