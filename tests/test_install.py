@@ -6,6 +6,7 @@ import os
 import runpy
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -100,25 +101,54 @@ def test_this_checkout_is_up_to_date_after_its_build():
 
 
 
-def test_a_wheel_carries_every_module(tmp_path):
-    """A wheel (`pip install .`, not the scripts' editable install) must hold every module of
-    fusednorm/, subpackages included. Built from a clean copy of the tracked files (a
-    checkout's leftover *.egg-info would otherwise supply the file list), without compiling
-    (FUSEDNORM_SKIP_BUILD_EXT=1): the Python side is what this checks."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True,
-                             capture_output=True).stdout.decode().split("\0")
-    source = tmp_path / "src"
-    for name in filter(None, tracked):
-        if (REPO / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            (source / name).write_bytes((REPO / name).read_bytes())
+
+def _tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True,
+                         capture_output=True).stdout.decode()
+    return [name for name in out.split("\0") if name and (REPO / name).is_file()]
+
+
+@pytest.fixture
+def clean_copy(tmp_path):
+    """The tracked files in a fresh folder: a checkout's leftover *.egg-info (the file list of
+    an earlier build) or build outputs must not stand in for what the configuration says."""
+    root = tmp_path / "src"
+    for name in _tracked_files():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes((REPO / name).read_bytes())
+    return root
+
+
+def _package(kind: str, source: Path, into: Path) -> Path:
+    """A wheel or an sdist of source, without compiling (FUSEDNORM_SKIP_BUILD_EXT=1): what
+    these tests check is which files go in."""
     env = {**os.environ, "FUSEDNORM_SKIP_BUILD_EXT": "1"}
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                    "-q", "-w", str(tmp_path / "dist"), str(source)],
-                   env=env, check=True, capture_output=True)
-    [wheel] = (tmp_path / "dist").glob("fusednorm-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        in_wheel = {n for n in archive.namelist() if n.startswith("fusednorm/")}
-    in_checkout = {n for n in tracked if n.startswith("fusednorm/") and n.endswith(".py")}
-    assert "fusednorm/ops/__init__.py" in in_checkout
-    assert sorted(in_checkout - in_wheel) == []
+    command = ([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                "-w", str(into), str(source)] if kind == "wheel" else
+               [sys.executable, "setup.py", "-q", "sdist", "-d", str(into)])
+    subprocess.run(command, cwd=source, env=env, check=True, capture_output=True)
+    [built] = into.glob("fusednorm-*.whl" if kind == "wheel" else "fusednorm-*.tar.gz")
+    return built
+
+
+def test_a_wheel_carries_every_module(clean_copy, tmp_path):
+    """A wheel (`pip install .`, not the scripts' editable install) must hold every module of
+    fusednorm/, subpackages included (a package list of "fusednorm" alone left out
+    fusednorm.ops, and the installed library failed at import)."""
+    with zipfile.ZipFile(_package("wheel", clean_copy, tmp_path / "dist")) as archive:
+        in_wheel = set(archive.namelist())
+    modules = {n for n in _tracked_files() if n.startswith("fusednorm/") and n.endswith(".py")}
+    assert "fusednorm/ops/__init__.py" in modules
+    assert sorted(modules - in_wheel) == []
+
+
+def test_an_sdist_carries_every_source_file(clean_copy, tmp_path):
+    """A source distribution must hold what compiling it needs: every file under csrc/ (the
+    headers too, which setuptools does not add by itself: MANIFEST.in), the modules, setup.py,
+    pyproject.toml and the license."""
+    with tarfile.open(_package("sdist", clean_copy, tmp_path / "dist")) as archive:
+        in_sdist = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+    needed = {n for n in _tracked_files() if n.startswith(("csrc/", "fusednorm/"))}
+    needed |= {"setup.py", "pyproject.toml", "LICENSE", "README.md"}
+    assert "csrc/cpu/norm_kernels.h" in needed
+    assert sorted(needed - in_sdist) == []
