@@ -1,0 +1,386 @@
+"""`python -m benchmarks.docs_page`: writes docs/benchmarks.md, README.md's performance block
+(between its `benchmarks:begin` / `benchmarks:end` markers) and one summary plot per device
+(docs/img/benchmarks-<folder>.png) from the committed results, benchmarks/results/*/*.json.
+Nothing is timed. `--check` writes nothing and exits 1 when a committed page differs from
+what this would write (tests/test_docs_page.py runs it)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import report, stamp
+from benchmarks.harness import BUSY_PREFIX
+from benchmarks.replot import notes_of
+
+PAGE = stamp.REPO_ROOT / "docs" / "benchmarks.md"
+README = stamp.REPO_ROOT / "README.md"
+IMAGES = stamp.REPO_ROOT / "docs" / "img"
+BEGIN = "<!-- benchmarks:begin (written by python -m benchmarks.docs_page; do not edit) -->"
+END = "<!-- benchmarks:end -->"
+
+# The folders of benchmarks/results/ in page order, and those the README summarises.
+FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-fresh-memory")
+README_FOLDERS = ("nvidia-h200", "amd-epyc")
+NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
+TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
+OURS, COMPILED = "fusednorm", "torch.compile"
+DTYPE_SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
+
+METHOD = """\
+## Method
+
+- **Passes.** `fwd`: the forward with autograd recording (inputs require grad); `bwd`: the
+  backward alone, over a retained graph; `fwd+bwd`: both, as a training step runs them.
+- **Timing.** GPU: `triton.testing.do_bench` (CUDA events, L2 flushed before each call).
+  CPU: `torch.utils.benchmark.Timer` on all of torch's threads, cycling through input sets
+  that fill twice the last-level cache, so that data comes from memory as on the GPU. The
+  providers of a case take turns (CPU: 5 rounds of blocks each), so that a phase in which
+  other work slows the machine falls on all of them alike. Figures are medians; the JSON
+  adds the 20th and 80th percentiles.
+- **Checked first.** Every provider's output and gradients are compared with the float64
+  reference before it is timed; a provider that fails is left out and named in the notes of
+  its suite's table.
+- **× torch**: PyTorch eager's time over the provider's (above 1: faster). **× compile**:
+  `torch.compile`'s time over the provider's.
+- **% of copy** (the norm suites): the fewest bytes the pass must move (forward: read x,
+  weight, bias, write y, mean, rstd; backward: read x, dy, mean, rstd, weight, write dx,
+  dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
+  plain copy (1 GiB on the GPU, 256 MiB on the CPU, bytes read + written) timed in turns
+  with the providers of the same pass and case. 100% is the memory system's limit; rows whose
+  working set partly fits the CPU's last-level cache can exceed it. Probes of one run more
+  than 1.25x apart mark the run as taken on a busy machine (column "busy" below): compare
+  its rows by their ratios to the providers timed beside them.
+- **% of fresh-copy** (norm suites, in the full tables): the time of an op that only reads
+  and writes the pass's rows into newly allocated outputs, over the provider's: the floor
+  of any op that returns new tensors (`benchmarks/floors.py`).
+- **% of GEMM** (`gelu_ffn`): the time of the same two GEMMs alone (no bias, no GELU) over
+  the provider's: 100% is the cost of the matrix products themselves.
+- **Host time per call** (`overhead`): tiny tensors (4×64), fusednorm and the PyTorch code
+  it replaces alternating round by round, one CPU thread, or on CUDA wall time with a sync
+  per round.
+- **CPU memory** (`--cpu-memory`): `reuse`, the default, keeps freed memory in glibc's
+  malloc so that each call's outputs reuse the previous call's blocks, as under a caching
+  allocator in training; `fresh` keeps glibc's defaults, under which outputs above 32 MiB
+  are new pages on every call, zeroed by the OS (up to half of every provider's time at
+  16384 tokens). Its results sit in `amd-epyc-fresh-memory/`.
+
+The columns of the full tables, the options and how to publish a run:
+[`benchmarks/README.md`](../benchmarks/README.md); the results-file format:
+[`DESIGN.md`](DESIGN.md#performance-and-benchmark-results). Runs on GPUs lent for minutes
+(quick runs, partial suites, logs) are kept in [`gpu_runs/`](gpu_runs/README.md).
+"""
+
+
+def load(results_dir: Path = stamp.RESULTS_DIR) -> dict[str, dict[str, dict]]:
+    """{folder: {suite: results object}} for the folders of FOLDERS that exist; each
+    object gains "_notes" (the notes of its .md)."""
+    found: dict[str, dict[str, dict]] = {}
+    for folder in FOLDERS:
+        for path in sorted((results_dir / folder).glob("*.json")):
+            result = json.loads(path.read_text())
+            md = path.with_suffix(".md")
+            result["_notes"] = notes_of(md.read_text()) if md.exists() else []
+            found.setdefault(folder, {})[result["suite"]] = result
+    return found
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _cases(result: dict, keys: tuple[str, ...]) -> dict[tuple, dict[str, dict]]:
+    """{(pass, *case keys): {provider: row}} in file order."""
+    cases: dict[tuple, dict[str, dict]] = {}
+    for row in result["rows"]:
+        cases.setdefault((row["pass"],) + tuple(row[k] for k in keys), {})[row["provider"]] = row
+    return cases
+
+
+def _case_keys(result: dict) -> tuple[str, ...]:
+    return ("dtype", "M", "N", "hidden") if result["suite"] == "gelu_ffn" else ("dtype", "M", "N")
+
+
+def speedups(result: dict, baseline: str = report.BASELINE) -> dict[str, list[float]]:
+    """{pass: [baseline ms / fusednorm ms for each case]} of a timed suite."""
+    out: dict[str, list[float]] = {}
+    for (pass_name, *_), by in _cases(result, _case_keys(result)).items():
+        if OURS in by and baseline in by:
+            out.setdefault(pass_name, []).append(by[baseline]["ms"] / by[OURS]["ms"])
+    return out
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
+
+
+def _dtypes(result: dict) -> str:
+    seen = dict.fromkeys(r["dtype"] for r in result["rows"])
+    return ", ".join(DTYPE_SHORT.get(d, d) for d in seen)
+
+
+def _shapes(result: dict) -> str:
+    ns = sorted({r["N"] for r in result["rows"]})
+    ms = sorted({r["M"] for r in result["rows"]})
+    n_text = f"{ns[0]}–{ns[-1]}" if len(ns) > 1 else f"{ns[0]}"
+    if result["suite"] == "gelu_ffn":
+        tokens = f"{ms[0]}" if len(ms) == 1 else f"{ms[0]}–{ms[-1]}"
+        return f"{tokens} tokens, d_model {n_text}, hidden 4·d"
+    return f"{len({(r['M'], r['N']) for r in result['rows']})} shapes, N {n_text}"
+
+
+def _device_line(result: dict) -> str:
+    kernels = result.get("fusednorm_build", "not recorded")
+    return f"{result['device']}, torch {result['torch']}, fusednorm kernels: {kernels}"
+
+
+def _overhead_span(result: dict) -> str:
+    ratios = [r["x_torch"] for r in result["rows"] if r.get("x_torch") is not None]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
+
+
+def _busy(result: dict) -> bool:
+    return any(note.startswith(BUSY_PREFIX) for note in result["_notes"])
+
+
+def summary_table(suites: dict[str, dict]) -> list[str]:
+    """Markdown lines: one row per timed suite, fusednorm's speed-up over PyTorch eager per
+    pass (median and range over the suite's cases)."""
+    lines = ["| suite | cases | forward | backward | forward+backward |",
+             "|---|---|--:|--:|--:|"]
+    for suite in TIMED_SUITES:
+        if suite not in suites:
+            continue
+        result = suites[suite]
+        per_pass = speedups(result)
+        cells = [_span(per_pass.get(p, [])) for p in report.PASSES]
+        lines.append(f"| `{suite}` | {_dtypes(result)}; {_shapes(result)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _image(folder: str) -> Path:
+    return IMAGES / f"benchmarks-{folder}.png"
+
+
+def readme_block(data: dict[str, dict[str, dict]]) -> str:
+    """README.md's performance section body, between the markers."""
+    lines = [BEGIN, "",
+             "fusednorm's time against PyTorch eager's, **median (range) over each suite's "
+             "cases**, above 1 faster; from the committed results, per device "
+             "([method, hardware and every table](docs/benchmarks.md)):"]
+    for folder in README_FOLDERS:
+        suites = data.get(folder)
+        if not suites:
+            continue
+        first = next(iter(suites.values()))
+        lines += ["", f"**{_device_line(first)}**", ""] + summary_table(suites)
+        if "overhead" in suites:
+            lines += ["", f"Host time per call on tiny tensors (suite `overhead`): "
+                          f"{_overhead_span(suites['overhead'])} PyTorch's."]
+        lines += ["", f"![{folder} summary](docs/img/{_image(folder).name})"]
+    return "\n".join(lines + ["", END])
+
+
+def _stamps_table(data: dict[str, dict[str, dict]]) -> list[str]:
+    lines = ["| folder | suite | device | torch | fusednorm kernels | CPU memory | copy GB/s "
+             "| busy | commit | date |", "|---|---|---|---|---|---|--:|---|---|---|"]
+    for folder, suites in data.items():
+        for suite, r in suites.items():
+            memory = r.get("cpu_memory", "fresh" if folder.endswith("-fresh-memory") else "–")
+            if r["device_kind"] != "cpu":
+                memory = "–"
+            copy = report._copy_range(r) if "copy_gbps" in r else "–"
+            lines.append(
+                f"| `{folder}` | [`{suite}`](../benchmarks/results/{folder}/{suite}.md) | "
+                f"{r['device']} | {r['torch']} | {r.get('fusednorm_build', '–')} | {memory} | "
+                f"{copy} | {'yes' if _busy(r) else 'no'} | `{r['commit'][:7]}` | "
+                f"{r['date'][:10]} |")
+    return lines
+
+
+def _suite_table(result: dict) -> list[str]:
+    """One row per case: for each pass, fusednorm's × torch / × compile / % of copy (the
+    norm suites) or % of GEMM (gelu_ffn)."""
+    ffn = result["suite"] == "gelu_ffn"
+    floor_key, floor_name = ("pct_of_gemm", "% GEMM") if ffn else ("pct_of_copy", "% copy")
+    keys = _case_keys(result)
+    cases = _cases(result, keys)
+    passes = list(dict.fromkeys(k[0] for k in cases))
+    header = ["dtype", "M", "N"] + (["hidden"] if ffn else [])
+    header += [f"{p}: × torch / × compile / {floor_name}" for p in passes]
+    if ffn:
+        header.append("saved MiB (torch)")
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "---|" * len(keys) + "--:|" * (len(header) - len(keys))]
+    for case in dict.fromkeys(k[1:] for k in cases):
+        cells = [DTYPE_SHORT.get(case[0], case[0])] + [str(v) for v in case[1:]]
+        for p in passes:
+            by = cases.get((p, *case), {})
+            ours = by.get(OURS)
+            if ours is None:
+                cells.append("n/a")
+                continue
+            floor = ours.get(floor_key)
+            cells.append(" / ".join([
+                _x(_ratio(by.get(report.BASELINE, {}).get("ms"), ours["ms"])),
+                _x(_ratio(by.get(COMPILED, {}).get("ms"), ours["ms"])),
+                "–" if floor is None else f"{floor:.0f}%"]))
+        if ffn:
+            fwd = cases.get(("fwd", *case), {})
+            ours, theirs = fwd.get(OURS, {}).get("saved_mb"), fwd.get(report.BASELINE, {}).get("saved_mb")
+            cells.append("–" if ours is None else f"{ours:g} ({'–' if theirs is None else f'{theirs:g}'})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _overhead_table(result: dict) -> list[str]:
+    lines = ["| api | pass | fusednorm µs | torch µs | fusednorm / torch |", "|---|---|--:|--:|--:|"]
+    rows = result["rows"]
+    for ours, theirs in zip(rows[::2], rows[1::2]):
+        lines.append(f"| {ours['api']} | {ours['pass']} | {ours['us']:.2f} | {theirs['us']:.2f} | "
+                     f"{ours['x_torch']:.2f} |")
+    return lines
+
+
+def _accuracy_table(result: dict) -> list[str]:
+    """The largest error of each output (over the reference's largest value), fusednorm and
+    torch, per op at each row offset: the worst over the shapes."""
+    worst: dict[tuple, dict[str, float]] = {}
+    fields: dict[str, list[str]] = {}
+    for row in result["rows"]:
+        names = [k for k in row if k not in ("op", "M", "N", "offset", "provider")]
+        fields.setdefault(row["op"], names)
+        cell = worst.setdefault((row["op"], row["offset"], row["provider"]), {})
+        for k in names:
+            cell[k] = max(cell.get(k, 0.0), row[k])
+    lines = []
+    for op, names in fields.items():
+        lines += ["", f"`{op}`, float32 rows at offset + N(0, 1), worst over the shapes:", "",
+                  "| offset | provider | " + " | ".join(names) + " |",
+                  "|--:|---|" + "--:|" * len(names)]
+        for (o, offset, provider), cell in worst.items():
+            if o == op:
+                lines.append(f"| {offset:g} | {provider} | "
+                             + " | ".join(f"{cell[k]:.1e}" for k in names) + " |")
+    return lines
+
+
+def page(data: dict[str, dict[str, dict]]) -> str:
+    """docs/benchmarks.md."""
+    lines = ["# Benchmarks", "",
+             "<!-- Written by `python -m benchmarks.docs_page` from benchmarks/results/*/*.json; "
+             "do not edit. -->", "",
+             "fusednorm against PyTorch eager, `torch.compile` and the memory or GEMM floor, "
+             "from the committed results of `python -m benchmarks --save` "
+             "(`bash scripts/bench.sh` runs the same suites and writes to the untracked "
+             "`bench-out/`).", "", METHOD.rstrip(), "", "## Hardware and versions", "",
+             "The stamp of each results file.", ""] + _stamps_table(data)
+    for folder, suites in data.items():
+        first = next(iter(suites.values()))
+        title = _device_line(first)
+        if folder.endswith("-fresh-memory"):
+            title += " (`--cpu-memory fresh`)"
+        lines += ["", f"## {title}", "", f"Folder [`benchmarks/results/{folder}/`]"
+                  f"(../benchmarks/results/{folder}/): each suite's full tables (`.md`), "
+                  "plot (`.png`) and data (`.json`).", "", "Summary, fusednorm's speed-up "
+                  "over PyTorch eager, median (range) over the cases:", ""]
+        lines += summary_table(suites)
+        for suite in TIMED_SUITES:
+            if suite in suites:
+                r = suites[suite]
+                lines += ["", f"### `{suite}`" + (" (busy machine: see the notes of its table)"
+                                                  if _busy(r) else ""), ""] + _suite_table(r)
+        if "overhead" in suites:
+            lines += ["", "### `overhead`: host time per call", ""] + _overhead_table(suites["overhead"])
+        if "accuracy_far_rows" in suites:
+            lines += ["", "### `accuracy_far_rows`: errors against float64 (not a timing)"]
+            lines += _accuracy_table(suites["accuracy_far_rows"])
+    return "\n".join(lines) + "\n"
+
+
+def with_block(readme: str, block: str) -> str:
+    """readme with the text between the markers (inclusive) replaced by block."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
+    return readme[:start] + block + readme[end + len(END):]
+
+
+def draw(suites: dict[str, dict], path: Path) -> None:
+    """The device's summary plot: per suite and pass, fusednorm's median speed-up over
+    PyTorch eager with the range over the cases."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s for s in TIMED_SUITES if s in suites]
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(names) * len(report.PASSES) / 2 + 1.4))
+    height = 0.8 / len(report.PASSES)
+    for j, pass_name in enumerate(report.PASSES):
+        ys, med, lo, hi = [], [], [], []
+        for i, suite in enumerate(names):
+            values = speedups(suites[suite]).get(pass_name)
+            if values:
+                m = statistics.median(values)
+                ys.append(i + (j - 1) * height)
+                med.append(m)
+                lo.append(m - min(values))
+                hi.append(max(values) - m)
+        ax.barh(ys, med, height=height, xerr=[lo, hi], color=f"C{j}", label=pass_name,
+                error_kw=dict(elinewidth=0.8, capsize=2))
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("× PyTorch eager (median over cases, bars: range)")
+    ax.set_title(_device_line(next(iter(suites.values()))), fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def outputs(data: dict[str, dict[str, dict]] | None = None) -> dict[Path, str]:
+    """{file: the text this script writes there}: docs/benchmarks.md and README.md."""
+    data = load() if data is None else data
+    return {PAGE: page(data), README: with_block(README.read_text(), readme_block(data))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.docs_page", description=__doc__)
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when a committed page is not what this writes")
+    args = p.parse_args(argv)
+    data = load()
+    stale = [path for path, text in outputs(data).items()
+             if not path.exists() or path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(stamp.REPO_ROOT)} is stale: run python -m "
+                  "benchmarks.docs_page", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs(data).items():
+        path.write_text(text)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    for folder in README_FOLDERS:
+        if folder in data:
+            draw(data[folder], _image(folder))
+    print(f"wrote {PAGE.relative_to(stamp.REPO_ROOT)}, README.md's benchmarks block and "
+          f"{IMAGES.relative_to(stamp.REPO_ROOT)}/benchmarks-*.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
