@@ -187,7 +187,8 @@ def readme_block(data: dict[str, dict[str, dict]]) -> str:
         lines += ["", f"**{_device_line(first)}**", ""] + summary_table(suites)
         if "overhead" in suites:
             lines += ["", f"Host time per call on tiny tensors (suite `overhead`): "
-                          f"{_overhead_span(suites['overhead'])} PyTorch's."]
+                          f"fusednorm's is {_overhead_span(suites['overhead'])} "
+                          "PyTorch's (below 1: less)."]
         lines += ["", f"![{folder} summary](docs/img/{_image(folder).name})"]
     return "\n".join(lines + ["", END])
 
