@@ -88,7 +88,7 @@ def _cpu_capability():
         return wanted.lower()
     have = torch.backends.cpu.get_cpu_capability().lower()
     # AVX-512 on the Zen 4 EPYC of benchmarks/results: bfloat16/float16 faster than the
-    # AVX2 build of the previous results (docs/DESIGN.md, CPU memory rules).
+    # AVX2 build of the previous results (docs/perf-notes.md, "SIMD level and bfloat16 rounding").
     if have.startswith("avx512"):
         return "avx512"
     if have == "avx2":

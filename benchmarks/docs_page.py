@@ -64,11 +64,20 @@ METHOD = """\
 - **Host time per call** (`overhead`): tiny tensors (4×64), fusednorm and the PyTorch code
   it replaces alternating round by round, one CPU thread, or on CUDA wall time with a sync
   per round.
-- **CPU memory** (`--cpu-memory`): `reuse`, the default, keeps freed memory in glibc's
-  malloc so that each call's outputs reuse the previous call's blocks, as under a caching
-  allocator in training; `fresh` keeps glibc's defaults, under which outputs above 32 MiB
-  are new pages on every call, zeroed by the OS (up to half of every provider's time at
-  16384 tokens). Its results sit in `amd-epyc-fresh-memory/`.
+- **CPU memory** (`--cpu-memory`): `reuse`, the default, makes glibc's malloc keep freed
+  memory (mallopt `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD` 2 GiB), so that each call's outputs
+  reuse the blocks the previous call freed: the steady state of a training step under a
+  caching allocator (jemalloc or tcmalloc on the CPU, PyTorch's own on the GPU). `fresh`
+  keeps glibc's defaults, under which every output above its 32 MiB mmap threshold is new
+  pages on every call, zeroed by the OS at first touch: up to half of every provider's time
+  at 16384 tokens. A `fresh` run's files go to `<device>-fresh-memory/`.
+- **Huge pages**: `import benchmarks` sets `THP_MEM_ALLOC_ENABLE=1` before torch is imported
+  (unless the environment sets it), PyTorch's switch for backing tensors of 2 MiB or more
+  with huge pages; without it, the 4 KiB page faults of fresh outputs decide the CPU times
+  of every provider alike. The notes under each table say what applied.
+- **Stamps.** Each results file records the device, torch, the kernels that ran, the commit
+  and the date of its run (table below); code changed after a file's run has not been timed
+  by it.
 
 The columns of the full tables, the options and how to publish a run:
 [`benchmarks/README.md`](../benchmarks/README.md); the results-file format:
