@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
   for (auto& v : b) v = normal(gen);
   // Outputs cycle with the inputs: a call writes memory that is out of cache, as a new
   // tensor from the allocator usually is. One output buffer for every call stayed in L3
-  // and made plain stores look 1.05-1.25x faster than the suite found them (docs/DESIGN.md).
+  // and made plain stores look faster than the suite found them (docs/perf-notes.md,
+  // "Streaming stores").
   // Their pages are mapped before the timing, as the suite's reused memory is.
   std::vector<AlignedBuffer> outs, sums;  // sums: the add + LayerNorm forward's only
   for (int64_t k = 0; k < sets; ++k) {

@@ -21,7 +21,8 @@ void forward(const void* x, const void* residual, const float* w, const float* b
 
 // As the op does it: dx and per-block partials, then the partials summed in block order.
 // partials: room for 2 x 64 x N floats, the same buffer for both sides (where the partials
-// lie modulo 4 KiB against dy, x and dx moved a backward by 1.2x: docs/DESIGN.md).
+// lie modulo 4 KiB against dy, x and dx moved a backward: docs/perf-notes.md, "Where the
+// backward's partials lie").
 template <typename T>
 void backward(const void* dy, const void* x, const float* mean, const float* rstd,
               const float* w, void* dx, float* dw, float* db, float* partials, int64_t M,

@@ -157,7 +157,8 @@ inline void gelu_and_grad_vec(const Vectorized<acc_t>& x, Vectorized<acc_t>& val
 }
 
 // The forward's pass over the [M, H] pre-activation: a = gelu(h). Used for tanh, where
-// the one-exp sigmoid form beats ATen's tanh-based kernel by about 2x.
+// the one-exp sigmoid form is faster than ATen's tanh-based kernel (docs/perf-notes.md,
+// "Code comments: gelu_rows").
 template <typename T, GeluKind kind>
 void gelu_rows(const T* h, T* a, int64_t M, int64_t H) {
   using acc_t = acc_type<T>;
@@ -279,9 +280,9 @@ int64_t chunk_rows(int64_t M, int64_t H) {
 // gradient): about 2^21 values, at least two chunks when H allows (the two temporaries of
 // a single chunk would be as large as eager's two saved activations), never fewer than 256
 // columns, equal chunks rounded up to 64 columns. By columns, not rows: each chunk's weight
-// gradients are then whole GEMMs over all M rows (measured at M = 2048, d = 1024, fp32:
-// row chunks, whose weight gradients accumulate over 512-row GEMMs, cost 5% more than no
-// chunks; column chunks cost nothing). Depends on the shape only.
+// gradients are then whole GEMMs over all M rows, where row chunks' weight gradients would
+// accumulate over smaller GEMMs, which cost more (docs/perf-notes.md, "Code comments:
+// chunk_cols"). Depends on the shape only.
 int64_t chunk_cols(int64_t M, int64_t H) {
   constexpr int64_t kChunkValues = int64_t(1) << 21, kMinCols = 256, kAlign = 64;
   int64_t cols = std::min(kChunkValues / std::max<int64_t>(M, 1), (H + 1) / 2);

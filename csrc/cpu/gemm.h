@@ -8,14 +8,12 @@
 //   FUSEDNORM_CPU_GEMM=onednn   oneDNN for every non-empty float32 GEMM; an error if this
 //                               torch has no oneDNN matmul (tests use it to prove the path).
 //   unset (auto)                oneDNN on AMD CPUs with AVX-512 for GEMMs of at least 2^24
-//                               multiply-adds, ATen otherwise. Measured on Zen 4 (2 cores,
-//                               torch 2.14.1): MKL's sgemm takes 1.14-1.17x oneDNN's time
-//                               for [M, K] x [K, N] with M the long side (2048 x 768 x 3072
-//                               and 256-4096 rows alike), and the same time when the
-//                               reduction runs over M (weight gradients), so only the former
-//                               go through here. Below 2^24 oneDNN's fixed cost (about 12 us
-//                               per call) outweighs the gain; on other CPUs nothing was
-//                               measured, so they keep eager's choice.
+//                               multiply-adds with the tokens as the long side, ATen
+//                               otherwise: there oneDNN measured faster than MKL's sgemm,
+//                               while a reduction over the tokens (weight gradients) took
+//                               the same time, and below 2^24 oneDNN's fixed cost per call
+//                               outweighs the gain. Other CPUs were not measured and keep
+//                               eager's choice (docs/perf-notes.md, "Code comments: gemm.h").
 // The variable is read at every call (cheap beside a GEMM this size), so tests can flip it.
 
 #include <ATen/core/Tensor.h>

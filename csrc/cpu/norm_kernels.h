@@ -28,10 +28,9 @@ using at::vec::Vectorized;
 // Streaming stores pay off only for a call whose traffic (bytes read and written) would not
 // stay in cache anyway, and only into pages that are already mapped: a fresh allocation
 // (glibc mmaps large ones) is page-faulted in by the first store, the kernel zeroes the
-// page through the cache, and a streaming store then has to evict those lines again
-// (measured: 2x slower backward at 16384 x 2048 float32 than plain stores). The threshold
-// is on the traffic, not the output: a bfloat16 backward at 4096 x 1000 writes 7.8 MiB of
-// dx but moves 23 MiB, and streamed its dx 1.2x faster (2 threads, inputs out of cache).
+// page through the cache, and a streaming store then has to evict those lines again. The
+// threshold is on the traffic, not the output (a backward reads dy and x besides writing
+// dx). Figures: docs/perf-notes.md, "Code comments: use_streaming_stores".
 inline bool use_streaming_stores(const void* output, int64_t output_bytes,
                                  int64_t traffic_bytes) {
   constexpr int64_t kLargerThanCaches = int64_t(16) << 20;
@@ -60,9 +59,8 @@ inline OutputPath output_path(bool stream, const T* out, int64_t N, int64_t tile
 
 // How far behind the block being computed a staged row is streamed out (StagedTileStream),
 // in blocks: a line loaded back from the stage while the stores that wrote it still wait in
-// the store queue cannot take their data and waits for them (two blocks behind, the bfloat16
-// backward at 4096 x 1000 was 1.4x slower; eight, about the queue's depth in a backward
-// block's stores, gains nothing in bfloat16 and 1.1x in float32, two builds in turns).
+// the store queue cannot take their data and waits for them; eight is about the queue's
+// depth in a backward block's stores (docs/perf-notes.md, "Code comments: kStagedLagBlocks").
 constexpr int64_t kStagedLagBlocks = 8;
 
 // Asks for the cache lines of one block of kWidth elements of T into L2: one request per
@@ -80,11 +78,9 @@ C10_ALWAYS_INLINE void prefetch_block(const T* p) {
 // Asks for the lines of a row that its blocks' requests (prefetch_block) leave out: those of
 // its last `count` columns (the tail after the full blocks; a whole short row), and the
 // line of its last byte. A row that does not start on a line (N = 1000 bfloat16: 2000-byte
-// rows) ends in a line that no block starts in; that line and the tail's were read from
-// memory when the row was reached, a wait for every row. 2 threads, out of cache, two
-// builds in turns: bfloat16 4096 x 1000 backward 1.76-1.83 -> 1.40-1.43 ms, forward 0.94-1.00
-// -> 0.90-0.91; benchmarks.kernel_ab, 4096 x 1000: add + LayerNorm forward 1.16x (bfloat16)
-// and 1.18x (float32), float16 forward 1.10x, float32 backward 1.05x.
+// rows) ends in a line that no block starts in; unasked, that line and the tail's were read
+// from memory when the row was reached, a wait for every row (docs/perf-notes.md, "Code
+// comments: prefetch_last_columns").
 template <typename T>
 C10_ALWAYS_INLINE void prefetch_last_columns(const T* row_end, int64_t count) {
   if (count <= 0) return;
@@ -385,10 +381,9 @@ struct NormFwdArgs {
 
 // Whether the forward asks for the row kAhead rows on while it computes one (see there).
 // With a residual, every row: its sweeps read the sum back from L1 while memory would
-// otherwise idle, and two input streams wait behind each row's add (benchmarks.kernel_ab,
-// afwd float32, 2 threads, 20 rounds: 8192 x 768 1.22x, 4096 x 1024 1.09x, 1024 x 4096 and
-// bfloat16 unchanged). Without one, float32 rows under 8 KiB lost to it (4096 x 1000
-// 0.74x, 16384 x 768 0.93x, 4096 x 1024 0.92x in the same tool).
+// otherwise idle, and two input streams wait behind each row's add. Without one, float32
+// rows under 8 KiB, at the memory limit already, lose to the extra requests
+// (docs/perf-notes.md, "Code comments: forward_prefetches").
 template <typename T>
 inline bool forward_prefetches(int64_t N, bool residual) {
   const int64_t row_bytes = N * int64_t(sizeof(T));
@@ -432,24 +427,17 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   const OutputPath path = output_path(stream, a.y, N, 1);
   // The sum is computed into a staging buffer, streamed out from there and normalized from
   // there: plain stores of it made every line read before written, and the streaming and
-  // plain stores mixed (2 threads, 8192 x 768, in turns: float32 2.9-3.1 -> 2.5 ms,
-  // bfloat16 1.2-1.45 -> 1.0-1.15).
+  // plain stores mixed (docs/perf-notes.md, "Code comments: norm_fwd_rows: the staged sum").
   const bool stage_sum = a.residual != nullptr && stream &&
                          N * int64_t(sizeof(T)) <= kStageBytes && pages_resident(a.sum, bytes);
-  // float16/bfloat16 rows ask for a later row's inputs while one computes (1 thread, 16384 x
-  // 4096 bfloat16: 0.32 -> 0.24 ns per element), and so do rows with a residual
-  // (forward_prefetches). float32/float64 rows of 8-16 KiB do too (2 threads, two builds in
-  // turns, 4 rounds, 16384 rows: float32 2048 wide 5.8-6.7 -> 4.6-6.0 ms, 4096 wide 11.3-11.7 ->
-  // 10.1-10.7, float64 2048 wide 11.1-11.5 -> 10.1-10.7); shorter ones already keep memory busy
-  // and lost up to 2x to the extra requests (4096 x 1000 float32: 0.57-0.70 -> 1.04-1.31 ms), 32
-  // KiB ones 5% (float64 16384 x 4096: 20.7-21.3 -> 22.0-22.3). LayerNorm asks for the input row
-  // during its statistics sweep: asked during the normalize sweep, which in-order widening and
-  // AVX512_BF16 rounding made short, they came too late (2 threads, 16384 x 4096 bfloat16: 0.112
-  // -> 0.145 ns per element; 0.113 from the statistics sweep). RMSNorm's statistics sweep is one
-  // fma per register, and a residual's row still comes during the normalize sweep. Two rows
-  // ahead of the statistics sweep, not the next: short rows asked for the next one too late (2
-  // threads, out of cache: 768 wide 0.14 -> 0.12 ns per element, 1024 wide 0.13 -> 0.12;
-  // 2048-4096 the same).
+  // Rows ask for a later row's inputs while one computes from cache, so that memory does not
+  // idle (forward_prefetches): float16/bfloat16 rows, rows with a residual, and float32/float64
+  // rows of 8-16 KiB; shorter float32 rows already keep memory busy and lose to the extra
+  // requests, and so do 32 KiB rows. LayerNorm asks during its statistics sweep (asked during
+  // the short normalize sweep, they came too late); RMSNorm, whose statistics sweep is one fma
+  // per register, and a residual's row during the normalize sweep. Two rows ahead, not the
+  // next: short rows asked for the next one too late. Figures: docs/perf-notes.md, "Code
+  // comments: norm_fwd_rows: kAhead".
   constexpr int64_t kAhead = 2;
   const bool prefetches = forward_prefetches<T>(N, a.residual != nullptr);
   const bool statistics_ahead = !kCentered && sizeof(T) == 2 && a.residual == nullptr &&
@@ -486,12 +474,10 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
     if (statistics_ahead) {
       // RMSNorm's float16/bfloat16 statistics run one row ahead of its normalize sweep: a
       // row's lane sum, sqrt and division are a chain of dependent steps that the normalize
-      // sweep would wait for, and behind the next row's statistics sweep it costs nothing
-      // (1 thread in cache, rounds in turns, ns per row: bfloat16 768 wide 111-134 ->
-      // 98-106, 1000 wide 151-165 -> 134-137, 2048 wide 268-297 -> 247-251; float16 1000
-      // wide 163-169 -> 147-153). float32 rows gained nothing (2048 wide lost 5%), nor did
-      // LayerNorm's (float32 1000 wide lost 3%) or rows of 16 KiB, which with the next row
-      // outgrow L1 (float32 4096 wide RMSNorm lost 10%).
+      // sweep would wait for, and behind the next row's statistics sweep it costs nothing.
+      // float32 rows, LayerNorm's and rows of 16 KiB (which with the next row outgrow L1)
+      // gained nothing from it (docs/perf-notes.md, "Code comments: norm_fwd_rows:
+      // statistics_ahead").
       auto moments = [&](int64_t row) {
         return row_moments<T, acc_t, kCentered>(a.x + row * N, N, a.eps, nullptr);
       };
@@ -522,9 +508,9 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
 
 // xhat = (x - mean) * rstd + offset of one register, offset a per-row constant (see
 // xhat_offset). For float16/bfloat16 x as one fma, the row's -mean * rstd folded into the
-// offset (the backward's two sweeps: 1 thread in cache, 4096 wide, float16 0.266 -> 0.244
-// ns per element, bfloat16 0.230 -> 0.220): the rounding of that product is 2^-24 of
-// |mean| * rstd, 2^-13 of what the input's own 16-bit rounding already puts into xhat.
+// offset, one operation fewer (docs/perf-notes.md, "Code comments: normalized"): the
+// rounding of that product is 2^-24 of |mean| * rstd, 2^-13 of what the input's own 16-bit
+// rounding already puts into xhat.
 // float32/float64 keep the exact subtraction.
 template <typename T, typename acc_t>
 C10_ALWAYS_INLINE Vectorized<acc_t> normalized(const Vectorized<acc_t>& x,
@@ -650,7 +636,8 @@ C10_ALWAYS_INLINE acc_t row_mean_of(const T* x, int64_t N, F f) {
 
 // mean(xhat) over one row, xhat = (x - mean) * rstd as the backward computes it: a sweep
 // of its own, from cache after row_grad_means, for the rows that needs_mean_correction
-// picks (a sum inside row_grad_means cost every 16-bit backward 3-4%, rows near zero too).
+// picks, so that rows near zero do not pay for it (a sum inside row_grad_means cost every
+// 16-bit backward: docs/perf-notes.md, "Code comments: row_mean_xhat").
 template <typename T, typename acc_t>
 acc_t row_mean_xhat(const T* x, acc_t mean, acc_t rstd, int64_t N) {
   using Vec = Vectorized<acc_t>;
@@ -695,8 +682,8 @@ constexpr int64_t kPrefetchTiles = sizeof(T) == 2 ? 2 : 1;
 // Rows processed together in the second sweep, so that the dweight/dbias partials are
 // read and written once per tile instead of once per row. Two, not more: when a row is a
 // multiple of 4 KiB (N = 1024 float32, 2048 bfloat16, ...) the tile's rows of dy, x, dsum
-// and dx all fall in the same L1 set (8 ways); four rows overflowed it (measured, bfloat16
-// backward: 1024 x 4096 7.2 -> 2.3 ms, 4096 x 1024 2.0 -> 1.7 ms; one row is slower again).
+// and dx all fall in the same L1 set (8 ways), which four rows overflowed; one row is
+// slower again (docs/perf-notes.md, "Code comments: kRowTile").
 constexpr int64_t kRowTile = 2;
 static_assert(StagedTileStream::kMaxRows >= kRowTile);
 
@@ -775,15 +762,11 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
   }
   const Vec pw_in_lo = pw_lo, pw_in_hi = pw_hi, pb_in_lo = pb_lo, pb_in_hi = pb_hi;
   // The dy and x of a tile ahead, asked for while this sweep computes from cache:
-  // its row_grad_means would otherwise wait on memory with nothing else in flight (1
-  // thread, 16384 x 4096: float32 0.84 -> 0.60 ns per element, bfloat16 0.54 -> 0.45 with
-  // the next tile). 16-bit rows two tiles ahead, about as many bytes as the next tile of
-  // float32 rows: 2 threads, inputs out of cache, bfloat16 and float16 0.16-0.22 -> 0.14-0.20
-  // ns per element at 768-4096 wide; float32 lost 5% two tiles ahead. A residual's dsum,
-  // read only by this sweep, is asked for with them (add_layer_norm backward, 2 threads,
-  // two builds in turns, 5 rounds: bfloat16 1024 x 4096 1.11-1.42 -> 0.88-1.18 ms, 8192 x
-  // 768 1.21-1.43 -> 1.04-1.28; float32 the same or better). When dx is streamed, dy is
-  // asked for by the first sweep instead (norm_bwd_tile).
+  // its row_grad_means would otherwise wait on memory with nothing else in flight. 16-bit
+  // rows two tiles ahead, about as many bytes as the next tile of float32 rows (float32 lost
+  // time two tiles ahead). A residual's dsum, read only by this sweep, is asked for with
+  // them. When dx is streamed, dy is asked for by the first sweep instead (norm_bwd_tile).
+  // Figures: docs/perf-notes.md, "Code comments: norm_bwd_column_block: kAhead".
   constexpr int64_t kAhead = kPrefetchTiles<T> * kRows;
   if (kBlock == Block::kFull && row + kAhead < a.M) {
     const int64_t next_rows = std::min(kRows, a.M - row - kAhead);
@@ -803,8 +786,8 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
   }
   // Every load of this column block before any store to it: rows of 4 KiB multiples (N =
   // 1024 float32, 2048 bfloat16, ...) put dx and the next row's dy / x at the same
-  // address modulo 4096, and a load behind such a store waits for it (4K aliasing: 3.5x
-  // slower at 1024 x 4096 bfloat16 than at 1024 x 4104).
+  // address modulo 4096, and a load behind such a store waits for it (4K aliasing;
+  // docs/perf-notes.md, "Code comments: norm_bwd_column_block: loads before stores").
   // dx = (g * rstd + (-rstd * mean(g))) - xhat * (rstd * mean(g * xhat)), per-row constants
   // from TileStats: three operations instead of four. g * rstd is rounded before the add
   // (no fma), so that it cancels exactly against rstd * mean(g) where g is the mean (dx of
@@ -857,8 +840,8 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
 
 // All column blocks of one backward tile of kRows rows, the row's last columns included.
 // The row count is a template argument so that the tile's registers stay registers: with
-// a run-time count the compiler kept them on the stack (1 thread in cache, 4096 wide:
-// bfloat16 0.29 -> 0.22 ns per element, float16 0.37 -> 0.30, float32 0.35 -> 0.32).
+// a run-time count the compiler kept them on the stack (docs/perf-notes.md, "Code comments:
+// norm_bwd_tile_columns").
 template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeight,
           bool kParamGrads, bool kNoNaN>
 void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
@@ -866,13 +849,12 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
                            acc_t* dbias_part, bool stream, StagedTileStream* staged) {
   constexpr int64_t W = VecIO<T, acc_t>::kWidth;
   // Local copies: through the references, every vector store (which may alias anything)
-  // made the compiler reload the pointers and row constants (0.22 -> 0.25 ns per element).
+  // made the compiler reload the pointers and row constants.
   const NormBwdArgs<T, acc_t> args = a;
   const TileStats<acc_t> stats = s;
   const int64_t vec_end = args.N - args.N % W;
   // The tail first, so that no load of the partials meets a store to the same lines still
-  // in flight (a tail last loads, in part, what the block just before stored). Measured
-  // first vs last: the same within 2% (1 thread in cache, 1000 wide).
+  // in flight (a tail last loads, in part, what the block just before stored).
   if (vec_end < args.N && vec_end > 0) {
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
                           Block::kTail>(args, row, stats, dx_tile, dweight_part, dbias_part,
@@ -908,10 +890,9 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
   }
   // With dx streamed, the first sweep asks for the dy of the rows a tile ahead and the
   // second for their x: else all of the next tile's reads are asked for in the second
-  // sweep, and memory idles through the first but for dx's stores (2 threads, inputs out
-  // of cache, two builds in turns: float64 4096 x 1000 and 16384 x 768 6% faster, float32
-  // 16384 x 768-4096 5-12%, bfloat16 and float16 16384 x 2048 14-17%; rows staged through
-  // cache (N = 1000 float32) gained nothing, and keep both in the second sweep).
+  // sweep, and memory idles through the first but for dx's stores. Rows staged through
+  // cache (N = 1000 float32) gained nothing, and keep both in the second sweep
+  // (docs/perf-notes.md, "Code comments: norm_bwd_tile: dy in the first sweep").
   const int64_t ahead = kPrefetchTiles<T> * kRowTile;
   for (int64_t r = 0; r < rows; ++r) {
     s.mean[r] = kCentered ? a.mean[row + r] : acc_t(0);

@@ -3,11 +3,7 @@
 // thread takes when it is free, instead of at::parallel_for's one fixed equal share per
 // thread. A memory-bound kernel's threads finish together only while every core runs at the
 // same speed; one slowed by another process, an interrupt or its neighbour's traffic made
-// the whole call wait for its share. Measured on a 2-vCPU VM (inputs out of cache, both
-// builds in one process in turns, median over 60 rounds of the per-round time ratio, a
-// build against itself reading 0.95-1.06): LayerNorm forward 1.00-1.48x (bfloat16 4096 x
-// 1000 1.00-1.15, float32 1.03-1.48, 16384 x 768 1.00-1.18); backward 0.86-1.11x over two
-// runs (benchmarks/kernel_ab), no change beyond that tool's spread at those shapes.
+// the whole call wait for its share (docs/perf-notes.md, "Code comments: parallel.h").
 // Which thread runs a chunk never changes a result: a row's outputs do not depend on who
 // computes them, and a row block's partial sums have a row of their own (partials.h).
 

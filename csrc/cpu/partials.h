@@ -20,9 +20,8 @@ namespace fusednorm::cpu {
 // and a write of `cols` values, which must stay small beside the rows' own traffic), and
 // at most 4M partial values in all. 32 rows, not 8: at 1024 rows, 8-row blocks made 64
 // partial rows to zero, update tile by tile and add up, where 32-row blocks make 32
-// (bfloat16 1024 x 4096 backward, 2 threads, two builds in turns: LayerNorm 0.80-0.82 ->
-// 0.71-0.74 ms, RMSNorm 0.76-0.79 -> 0.62-0.71); from 2048 rows the cap of 64 holds
-// either way.
+// (docs/perf-notes.md, "Code comments: num_row_blocks"); from 2048 rows the cap of 64
+// holds either way.
 inline int64_t num_row_blocks(int64_t rows, int64_t cols) {
   constexpr int64_t kMaxBlocks = 64;
   constexpr int64_t kMinRowsPerBlock = 32;
@@ -37,8 +36,8 @@ inline int64_t num_row_blocks(int64_t rows, int64_t cols) {
 // buffer of their own, freed with the returned handle. Why not at::empty: scratch that is
 // malloc'ed and freed in every call lands above the call's large outputs in the heap, so
 // that freeing those later makes a top chunk past glibc's trim threshold; the heap is then
-// handed back to the kernel and the next step page-faults its outputs in again (measured:
-// 2x a LayerNorm training step at 4096 x 1024 float32).
+// handed back to the kernel and the next step page-faults its outputs in again
+// (docs/perf-notes.md, "Code comments: thread_scratch").
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };

@@ -101,10 +101,8 @@ inline void stream_copy(void* dst, const void* src, int64_t bytes) {
 // from its start, written() streams the whole lines they complete, and finish() the rest
 // (stream_copy: whole lines streamed, plain stores only for the tile's partial end lines).
 // Copying the tile out in one go after the kernel wrote it (stream_copy alone) was a burst
-// of streaming stores with nothing to overlap them (bfloat16 backward, 2 threads, out of
-// cache: 4096 x 992 staged 1.43-1.51 ms, streamed from registers 1.13). Streamed as they
-// fill (the benchmark, two builds in turns, 4096 x 1000): float32 backward 1.52-1.60 ->
-// 1.28-1.42 ms, 16-bit forwards 2-4% faster, 16-bit backwards the same.
+// of streaming stores with nothing to overlap them (docs/perf-notes.md, "Code comments:
+// StagedTileStream").
 class StagedTileStream {
  public:
   static constexpr int64_t kMaxRows = 2;
@@ -242,8 +240,7 @@ struct VecIO {
 #if defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<T, c10::Half>) {
       // Each half of the block widened straight from memory: no 512-bit load and extract
-      // in between (1 thread in cache, 4096 wide: float16 backward 0.31 -> 0.27 ns per
-      // element, forward 0.19 -> 0.18).
+      // in between (docs/perf-notes.md, "Code comments: VecIO: float16 load").
       lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
       hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + Vec::size())));
       return;
@@ -256,8 +253,9 @@ struct VecIO {
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       // A bfloat16 is the upper half of its float: one word permute per register puts word
       // k of v (k + 16 for hi) at word 2k + 1 and zeroes the even words. ATen's widening
-      // (extract, two zero-extends, two shifts) was three shuffles per 32 values; a backward
-      // widens dy and x twice: 1 thread in cache 0.34 -> 0.29 ns per element.
+      // (extract, two zero-extends, two shifts) was three shuffles per 32 values, and a
+      // backward widens dy and x twice (docs/perf-notes.md, "Code comments: VecIO: bfloat16
+      // widen").
       const __m512i to_lo = _mm512_set_epi16(
           15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
           7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
@@ -451,8 +449,7 @@ inline void keep_first_lanes(int64_t count, at::vec::Vectorized<acc_t>& lo,
 // A row's last columns as a full block that ends at the row's end (the "overlapping tail"):
 // its first kWidth - count lanes repeat columns that another block covers, so only its
 // last `count` lanes may add to a sum. Plain loads and register blends rather than masked
-// loads and stores: 1 thread in cache, 1000 wide, the backward 0.270 -> 0.254 ns per
-// element in bfloat16 and 0.326 -> 0.283 in float32.
+// loads and stores, which cost more (docs/perf-notes.md, "Code comments: blend_last_lanes").
 // Lanes [2 * size - count, 2 * size) of new_lo:new_hi, the others from old_lo:old_hi.
 template <typename acc_t>
 inline void blend_last_lanes(int64_t count, const at::vec::Vectorized<acc_t>& old_lo,
@@ -462,7 +459,7 @@ inline void blend_last_lanes(int64_t count, const at::vec::Vectorized<acc_t>& ol
   using Vec = at::vec::Vectorized<acc_t>;
   const int64_t n = Vec::size(), kept_old = 2 * n - count;
 #if defined(CPU_CAPABILITY_AVX512)
-  // One mask for both registers (two first_lanes_from calls measured 3% slower).
+  // One mask for both registers, fewer instructions than two first_lanes_from calls.
   const uint64_t take_new = ~first_lanes_mask(kept_old);
   if constexpr (std::is_same_v<acc_t, float>) {
     new_lo = _mm512_mask_blend_ps(__mmask16(take_new), old_lo, new_lo);
@@ -499,8 +496,8 @@ void widen_row(const T* src, acc_t* dst, int64_t n) {
 
 // Sum of all lanes, added in a fixed order. double's lanes are added as a tree of register
 // halves: ATen's vec_reduce_all has shuffles for float only and takes double's lanes one at
-// a time through memory, a chain that every float64 row waited for (1 thread in L1, 1000
-// wide: the statistics sweep 0.33 -> 0.14 ns per element, the forward 0.70 -> 0.49).
+// a time through memory, a chain that every float64 row waited for (docs/perf-notes.md,
+// "Code comments: lane_sum").
 template <typename acc_t>
 inline acc_t lane_sum(const at::vec::Vectorized<acc_t>& v) {
   if constexpr (std::is_same_v<acc_t, double>) {
