@@ -295,7 +295,11 @@ def page(data: dict[str, dict[str, dict]]) -> str:
              "from the committed results of `python -m benchmarks --save` "
              "(`bash scripts/bench.sh` runs the same suites and writes to the untracked "
              "`bench-out/`).", "", METHOD.rstrip(), "", "## Hardware and versions", "",
-             "The stamp of each results file.", ""] + _stamps_table(data)
+             "The stamp of each results file. The CPU runs are from an AMD EPYC (Zen 4) "
+             "virtual machine with 2 vCPUs, shared with other work, whose memory bandwidth "
+             "moves in phases: compare its rows by their ratios to the providers timed beside "
+             "them. The GPU runs are from machines lent for minutes "
+             "([`gpu_runs/`](gpu_runs/README.md)).", ""] + _stamps_table(data)
     for folder, suites in data.items():
         first = next(iter(suites.values()))
         title = _device_line(first)
