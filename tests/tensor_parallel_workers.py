@@ -1,0 +1,169 @@
+"""fusednorm under DTensor (tensor and sequence parallelism), FSDP2 and DDP, run in
+processes that torch.multiprocessing spawns (so this module must stay importable by name).
+
+Every scenario below runs in each rank, computes the single-process result itself (the
+same seeded tensors, whole) and asserts that the parallel one matches it; an assertion in
+any rank fails the spawning test with that rank's traceback.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from distributed_workers import _free_port
+
+# float32 results of a parallel run against one process: sums in another order.
+TOL = dict(atol=2e-5, rtol=1e-5)
+LOSS_TOL = 1e-5
+SCENARIOS: dict[str, Callable[[int, int], None]] = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def _close(actual, expected, what: str) -> None:
+    torch.testing.assert_close(actual, expected, **TOL, msg=lambda m: f"{what}: {m}")
+
+
+def _full(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _random(*shape, seed: int, requires_grad: bool = True) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).requires_grad_(requires_grad)
+
+
+# --- ops on DTensors ---------------------------------------------------------------------
+
+def _check_op(name: str, fn, inputs: dict, placements: dict, mesh, grad_seed: int = 99) -> None:
+    """fn(**tensors) -> tuple of differentiable outputs, on full tensors and on DTensors
+    with `placements` (name -> placement; the rest replicated): outputs and every
+    gradient equal."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    ref_out = fn(**inputs)
+    grads_out = [_random(*o.shape, seed=grad_seed + i, requires_grad=False)
+                 for i, o in enumerate(ref_out)]
+    ref_grads = torch.autograd.grad(ref_out, list(inputs.values()), grads_out)
+
+    dt = {k: distribute_tensor(v.detach(), mesh, [placements.get(k, Replicate())]).requires_grad_()
+          for k, v in inputs.items()}
+    out = fn(**dt)
+    for i, (o, r) in enumerate(zip(out, ref_out)):
+        _close(_full(o), r, f"{name} output {i}")
+    # Each output's gradient in the output's own placement, as autograd would bring it.
+    grads = [distribute_tensor(g, mesh, o.placements) for g, o in zip(grads_out, out)]
+    got = torch.autograd.grad(out, list(dt.values()), grads)
+    for key, g, r, x in zip(dt, got, ref_grads, dt.values()):
+        _close(_full(g), r, f"{name} grad of {key} ({x.placements})")
+
+
+@scenario
+def ops(rank: int, world: int) -> None:
+    """Every public op with its input sharded on each dim outside the normalized ones, on
+    the normalized dim (gathered), and the FFN's tensor-parallel layouts; uneven shards of
+    [rows, features] inputs, and the error for an uneven one of several leading dims."""
+    import fusednorm
+    import fusednorm.distributed  # noqa: F401  (registers the rules)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from fusednorm.functional import layer_norm_gelu_ffn
+
+    mesh = init_device_mesh("cpu", (world,))
+    B, S, D, H = world, 2 * world, 8, 12
+    x = lambda s: _random(B, S, D, seed=s)  # noqa: E731
+    w, b = _random(D, seed=3), _random(D, seed=4)
+    norms = {
+        "layer_norm": (lambda input, w, b: (fusednorm.layer_norm(input, (D,), w, b),),
+                       dict(input=x(1), w=w, b=b)),
+        "layer_norm 2 dims": (lambda input, w, b: (fusednorm.layer_norm(input, (S, D), w, b),),
+                              dict(input=x(1), w=_random(S, D, seed=5), b=_random(S, D, seed=6))),
+        "rms_norm": (lambda input, w: (fusednorm.rms_norm(input, (D,), w),), dict(input=x(1), w=w)),
+        "add_layer_norm": (lambda input, residual, w, b: fusednorm.add_layer_norm(input, residual, (D,), w, b),
+                           dict(input=x(1), residual=x(2), w=w, b=b)),
+        "add_rms_norm": (lambda input, residual, w: fusednorm.add_rms_norm(input, residual, (D,), w),
+                         dict(input=x(1), residual=x(2), w=w)),
+    }
+    for name, (fn, inputs) in norms.items():
+        sharded = [k for k in ("input", "residual") if k in inputs]
+        normalized_dims = 2 if "2 dims" in name else 1
+        for dim in range(3):  # 0, 1 outside normalized_shape; 2 inside: gathered
+            _check_op(f"{name} Shard({dim})", fn, inputs, {k: Shard(dim) for k in sharded}, mesh)
+        if normalized_dims == 1:  # input sequence-sharded, residual replicated: redistributed
+            _check_op(f"{name} mixed", fn, inputs, {"input": Shard(1)}, mesh)
+
+    w1, b1 = _random(H, D, seed=7), _random(H, seed=8)
+    w2, b2 = _random(D, H, seed=9), _random(D, seed=10)
+    ffn = lambda input, w1, b1, w2, b2: (fusednorm.gelu_ffn(input, w1, b1, w2, b2),)  # noqa: E731
+    ffn_inputs = dict(input=x(1), w1=w1, b1=b1, w2=w2, b2=b2)
+    tp = {"w1": Shard(0), "b1": Shard(0), "w2": Shard(1)}
+    block = lambda input, lw, lb, w1, b1, w2, b2: (  # noqa: E731
+        layer_norm_gelu_ffn(input, lw, lb, 1e-5, w1, b1, w2, b2, "tanh"),)
+    block_inputs = dict(input=x(1), lw=w, lb=b, w1=w1, b1=b1, w2=w2, b2=b2)
+    for name, fn, inputs in (("gelu_ffn", ffn, ffn_inputs),
+                             ("layer_norm_gelu_ffn", block, block_inputs)):
+        for dim in range(2):
+            _check_op(f"{name} Shard({dim})", fn, inputs, {"input": Shard(dim)}, mesh)
+        _check_op(f"{name} tensor-parallel", fn, inputs, tp, mesh)
+        _check_op(f"{name} tensor- and sequence-parallel", fn, inputs, {**tp, "input": Shard(1)}, mesh)
+    _statistics_in_row_order(mesh)
+    rows = _random(2 * world + 1, D, seed=11)  # one rank holds one row more
+    for name, (fn, inputs) in (("layer_norm", norms["layer_norm"]), ("gelu_ffn", (ffn, ffn_inputs))):
+        _check_op(f"{name} uneven rows", fn, {**inputs, "input": rows}, {"input": Shard(0)}, mesh)
+    _uneven_leading_dim_raises(mesh)
+
+
+def _uneven_leading_dim_raises(mesh) -> None:
+    import fusednorm
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    x = distribute_tensor(_random(2, mesh.size() + 1, 8, seed=1, requires_grad=False), mesh, [Shard(1)])
+    for call in (lambda: fusednorm.layer_norm(x, (8,)), lambda: fusednorm.add_rms_norm(x, x, (8,))):
+        try:
+            call()
+        except RuntimeError as error:
+            assert "Shard(dim=1)" in str(error) and "unevenly" in str(error), str(error)
+        else:
+            raise AssertionError("an uneven shard of a leading dim did not raise")
+
+
+def _statistics_in_row_order(mesh) -> None:
+    """mean and rstd of a sequence-sharded input gather to the single-process ones."""
+    import fusednorm
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    x = _random(3, 2 * mesh.size(), 8, seed=1, requires_grad=False)
+    ref = fusednorm.FusedLayerNormFunction.apply(x, (8,), None, None, 1e-5)
+    out = fusednorm.FusedLayerNormFunction.apply(distribute_tensor(x, mesh, [Shard(1)]), (8,),
+                                                 None, None, 1e-5)
+    for i in range(3):
+        _close(out[i].full_tensor(), ref[i], f"FusedLayerNormFunction output {i}")
+
+
+# --- spawning ----------------------------------------------------------------------------
+
+def _worker(rank: int, world: int, port: int, names: list[str]) -> None:
+    torch.set_num_threads(1)  # the processes share the machine's cores
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for name in names:
+            SCENARIOS[name](rank, world)
+        dist.barrier()  # no rank closes its connections while a peer still talks to it
+    finally:
+        dist.destroy_process_group()
+
+
+def run(names: list[str], world: int) -> None:
+    """Runs the scenarios `names` in `world` gloo processes; raises what a rank raised."""
+    mp.spawn(_worker, args=(world, _free_port(), names), nprocs=world, join=True)
