@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+import gpt_example  # noqa: F401  (puts examples/ on sys.path: gpt_model, gpt_parallel)
 from distributed_workers import _free_port
 
 # float32 results of a parallel run against one process: sums in another order.
@@ -148,6 +149,152 @@ def _statistics_in_row_order(mesh) -> None:
                                                  None, None, 1e-5)
     for i in range(3):
         _close(out[i].full_tensor(), ref[i], f"FusedLayerNormFunction output {i}")
+
+
+@scenario
+def modules(rank: int, world: int) -> None:
+    """The issue's first attempts: fusednorm's norm modules under SequenceParallel, as
+    nn.LayerNorm / nn.RMSNorm are, with the same output and parameter gradients."""
+    import fusednorm
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    for cls in (fusednorm.FusedLayerNorm, fusednorm.FusedRMSNorm):
+        ref = cls(16)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.copy_(_random(*p.shape, seed=5, requires_grad=False))
+        module = cls(16)
+        module.load_state_dict(ref.state_dict())
+        parallelize_module(module, mesh, SequenceParallel())
+        x = _random(2, 2 * world, 16, seed=1, requires_grad=False)
+        ref(x).square().sum().backward()
+        out = module(distribute_tensor(x, mesh, [Shard(1)]))
+        assert out.placements == (Shard(1),), out.placements
+        out.square().sum().backward()
+        _close(out.full_tensor(), ref(x), f"{cls.__name__} output")
+        for (name, p), r in zip(module.named_parameters(), ref.parameters()):
+            _close(p.grad.full_tensor(), r.grad, f"{cls.__name__}.{name} grad")
+
+
+# --- the example GPT, trained ------------------------------------------------------------
+
+STEPS, BATCH, LR = 3, 8, 0.1
+
+
+def _gpt(config=None):
+    from gpt_example import TINY, build_model
+
+    return build_model(config or TINY, "fused", seed=0)
+
+
+def _sgd(model):
+    # foreach=False: plain and DTensor parameters side by side (attention stays whole).
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, foreach=False)
+
+
+def _train_against_single_process(model, optimizer, shard: Callable, dp_group=None,
+                                  loss_tol: float = LOSS_TOL, check_grads: bool = True,
+                                  config=None) -> None:
+    """STEPS steps of `model` on shard(batch) against one process on whole batches: the
+    loss of every step (averaged over `dp_group`) and, after the first backward, every
+    parameter's gradient."""
+    from gpt_example import TINY, token_batch
+
+    ref = _gpt(config)
+    ref_optimizer = _sgd(ref)
+    for step in range(STEPS):
+        x, y = token_batch(BATCH, config or TINY, seed=step)
+        ref_logits, ref_loss = ref(x, y)
+        ref_optimizer.zero_grad()
+        ref_loss.backward()
+        logits, loss = model(*shard(x, y))
+        optimizer.zero_grad()
+        loss.backward()
+        loss = loss.detach().float()
+        if dp_group is not None:
+            dist.all_reduce(loss, dist.ReduceOp.AVG, group=dp_group)
+        assert abs(loss.item() - ref_loss.item()) <= loss_tol, (
+            f"step {step}: loss {loss.item()} against {ref_loss.item()} in one process")
+        if step == 0 and check_grads:
+            named = dict(model.named_parameters())
+            for name, r in ref.named_parameters():
+                name = name if name in named else f"module.{name}"  # DDP's wrapper
+                _close(_full(named[name].grad), r.grad, f"grad of {name}")
+        ref_optimizer.step()
+        optimizer.step()
+
+
+def _dp_share(rank: int, size: int):
+    return lambda x, y: (x.chunk(size)[rank], y.chunk(size)[rank])
+
+
+@scenario
+def gpt_tensor_parallel(rank: int, world: int) -> None:
+    """TP + SP over every rank (tp_plan on the FFNs, SequenceParallel on the norms)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from gpt_parallel import parallelize_gpt
+
+    model = parallelize_gpt(_gpt(), tp_mesh=init_device_mesh("cpu", (world,)))
+    _train_against_single_process(model, _sgd(model), lambda x, y: (x, y))
+
+
+@scenario
+def gpt_fsdp_tensor_parallel(rank: int, world: int) -> None:
+    """A 2-D mesh: FSDP2 over "dp", TP + SP over "tp"."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from gpt_parallel import parallelize_gpt
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    model = parallelize_gpt(_gpt(), tp_mesh=mesh["tp"], dp_mesh=mesh["dp"])
+    dp = mesh["dp"]
+    _train_against_single_process(model, _sgd(model), _dp_share(dp.get_local_rank(), dp.size()),
+                                  dp_group=dp.get_group())
+
+
+@scenario
+def gpt_fsdp_bf16(rank: int, world: int) -> None:
+    """FSDP2 with bfloat16 parameters and float32 gradient reduction: fusednorm runs in
+    bfloat16; losses within bfloat16's rounding of one float32 process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from gpt_parallel import parallelize_gpt
+
+    mesh = init_device_mesh("cpu", (world,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = parallelize_gpt(_gpt(), dp_mesh=mesh, mp_policy=policy)
+    seen = []
+    model.blocks[0].ln1.register_forward_hook(lambda m, i, o: seen.append((i[0].dtype, o.dtype)))
+    _train_against_single_process(model, _sgd(model), _dp_share(rank, world),
+                                  dp_group=dist.group.WORLD, loss_tol=3e-2, check_grads=False)
+    assert seen[0] == (torch.bfloat16, torch.bfloat16), seen[0]
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+@scenario
+def gpt_ddp_static_graph(rank: int, world: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(_gpt(), static_graph=True)
+    _train_against_single_process(model, _sgd(model), _dp_share(rank, world),
+                                  dp_group=dist.group.WORLD)
+
+
+@scenario
+def gpt_compiled_tensor_parallel(rank: int, world: int) -> None:
+    """TP + SP, every block compiled with fullgraph=True (any graph break raises), as
+    torchtitan compiles its blocks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from gpt_example import GPTConfig
+    from gpt_parallel import parallelize_gpt
+
+    config = GPTConfig(block_size=8, n_layer=1, n_head=2, d_model=16)
+    model = parallelize_gpt(_gpt(config), tp_mesh=init_device_mesh("cpu", (world,)))
+    for block in model.blocks:
+        block.compile(fullgraph=True, backend="aot_eager")  # in place: the same names
+    _train_against_single_process(model, _sgd(model), lambda x, y: (x, y), config=config)
 
 
 # --- spawning ----------------------------------------------------------------------------
