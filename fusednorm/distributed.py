@@ -221,15 +221,16 @@ if ops.LAYER_NORM is not None:
 _FFN_MODULES = (FusedGeluFFN, FusedLayerNormGeluFFN)
 
 
-def _check_layout(name: str, placement: Placement) -> Placement:
+def _check_layout(name: str, placement: Placement, ndim: int | None = None) -> Placement:
     """Activations enter and leave the FFN replicated or sharded on a dim other than the
-    features (the last)."""
+    features (the last; with `ndim` unknown, only -1 is known to be it)."""
+    last = -1 if ndim is None else ndim - 1
     if isinstance(placement, Replicate) or (
-        type(placement) is Shard and placement.dim not in (-1,)
+        type(placement) is Shard and (placement.dim if ndim is None else placement.dim % ndim) != last
     ):
         return placement
     raise ValueError(
-        f"fusednorm.distributed.tp_plan: {name}={placement} is not supported: the FFN's "
+        f"fusednorm.distributed.tp_plan: {name}={placement!r} is not supported: the FFN's "
         "input and output must be Replicate() or Shard(d) on a dim other than the last "
         "(the features)"
     )
@@ -262,6 +263,8 @@ class FFNBoundary(ParallelStyle):
 
         def prepare_input(_module, inputs):
             (x, *rest) = inputs
+            _check_layout("input_layout", self.input_layout, x.ndim)
+            _check_layout("output_layout", self.output_layout, x.ndim)
             if not isinstance(x, DTensor):
                 x = DTensor.from_local(x, device_mesh, [self.input_layout], run_check=False)
             return (x.redistribute(device_mesh, [R]), *rest)
