@@ -13,14 +13,22 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                               PrepareModuleInputOutput, SequenceParallel,
-                                               parallelize_module)
+                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 import fusednorm.distributed
 
 
-def tp_sp_plan() -> dict:
-    """The parallelize_module plan of gpt_model.GPT over a 1-D tensor-parallel mesh."""
+def tp_sp_plan(fused_ffn: bool = True) -> dict:
+    """The parallelize_module plan of gpt_model.GPT over a 1-D tensor-parallel mesh;
+    fused_ffn: its FFNs are fusednorm's (else gpt_model.GeluFFN: the same plan, spelled
+    with PyTorch's styles, as its fc1 and fc2 run as modules)."""
+    if fused_ffn:
+        ffn = fusednorm.distributed.tp_plan("blocks.*.ffn", sequence_parallel=True,
+                                            use_local_output=False)
+    else:
+        ffn = {"blocks.*.ffn.fc1": ColwiseParallel(input_layouts=Shard(1)),
+               "blocks.*.ffn.fc2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
     return {
         # The embeddings run whole on every rank; the first block takes its tokens' share.
         "blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1),
@@ -30,8 +38,7 @@ def tp_sp_plan() -> dict:
             input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_input=True,
             output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=False),
         "blocks.*.ln2": SequenceParallel(),
-        **fusednorm.distributed.tp_plan("blocks.*.ffn", sequence_parallel=True,
-                                        use_local_output=False),
+        **ffn,
         "ln_f": SequenceParallel(),
         # Logits over the whole vocabulary, replicated: the loss is the single-process one.
         "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
@@ -46,7 +53,8 @@ def parallelize_gpt(model: nn.Module, tp_mesh: DeviceMesh | None = None,
         if model.config.block_size % tp_mesh.size():
             raise ValueError(f"block_size={model.config.block_size} must be a multiple of the "
                              f"tensor-parallel size {tp_mesh.size()} (sequence parallelism)")
-        parallelize_module(model, tp_mesh, tp_sp_plan())
+        fused = isinstance(model.blocks[0].ffn, fusednorm.distributed.FFN_MODULES)
+        parallelize_module(model, tp_mesh, tp_sp_plan(fused))
     if dp_mesh is not None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -40,7 +40,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from . import ops
 from .modules import FusedGeluFFN, FusedLayerNormGeluFFN
 
-__all__ = ["FFNBoundary", "tp_plan"]
+__all__ = ["FFN_MODULES", "FFNBoundary", "tp_plan"]
 
 R = Replicate()
 SUM = Partial("sum")
@@ -218,7 +218,8 @@ if ops.LAYER_NORM is not None:
 
 # --- tensor-parallel plan of the FFN modules ---
 
-_FFN_MODULES = (FusedGeluFFN, FusedLayerNormGeluFFN)
+# The modules tp_plan serves.
+FFN_MODULES = (FusedGeluFFN, FusedLayerNormGeluFFN)
 
 
 def _check_layout(name: str, placement: Placement, ndim: int | None = None) -> Placement:
@@ -250,7 +251,7 @@ class FFNBoundary(ParallelStyle):
         self.use_local_output = use_local_output
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        if not isinstance(module, _FFN_MODULES):
+        if not isinstance(module, FFN_MODULES):
             raise TypeError("fusednorm.distributed.tp_plan serves FusedGeluFFN and "
                             f"FusedLayerNormGeluFFN modules, got {type(module).__name__}")
         norm = getattr(module, "norm", None)
