@@ -141,9 +141,12 @@ def _norm_rules(op: str, out_roles: str, arg_roles: str, shape_arg: int):
 
 
 def _row_placements(spec) -> list[Placement]:
-    """Placements of [M, N] rows to offer: Shard(0), and the input's own strided one."""
+    """Placements of [M, N] rows to offer: the input's own strided one if it has one (rows
+    of a sequence-sharded input), else Shard(0). Offered both, DTensor's cost model took
+    Shard(0) for _StridedShard inputs on 4 ranks, a layout the rows' view back to the
+    input's shape then refused."""
     found = [p for p in spec.placements if isinstance(p, _StridedShard) and p.dim == 0]
-    return [Shard(0), *dict.fromkeys(found)]
+    return list(dict.fromkeys(found)) or [Shard(0)]
 
 
 def _row_rules(out_roles: str, arg_roles: str, rows_arg: int, linear_in: int | None = None):
