@@ -22,6 +22,7 @@ from distributed_workers import _free_port
 TOL = dict(atol=2e-5, rtol=1e-5)
 LOSS_TOL = 1e-5
 SCENARIOS: dict[str, Callable[[int, int], None]] = {}
+DEVICE = "cpu"  # each worker sets its own: "cuda" with NCCL
 
 
 def scenario(fn):
@@ -41,7 +42,7 @@ def _full(t):
 
 def _random(*shape, seed: int, requires_grad: bool = True) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).requires_grad_(requires_grad)
+    return torch.randn(*shape, generator=g).to(DEVICE).requires_grad_(requires_grad)
 
 
 # --- ops on DTensors ---------------------------------------------------------------------
@@ -80,7 +81,7 @@ def ops(rank: int, world: int) -> None:
     from torch.distributed.tensor import Shard
     from fusednorm.functional import layer_norm_gelu_ffn
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     B, S, D, H = world, 2 * world, 8, 12
     x = lambda s: _random(B, S, D, seed=s)  # noqa: E731
     w, b = _random(D, seed=3), _random(D, seed=4)
@@ -121,7 +122,8 @@ def ops(rank: int, world: int) -> None:
     rows = _random(2 * world + 1, D, seed=11)  # one rank holds one row more
     for name, (fn, inputs) in (("layer_norm", norms["layer_norm"]), ("gelu_ffn", (ffn, ffn_inputs))):
         _check_op(f"{name} uneven rows", fn, {**inputs, "input": rows}, {"input": Shard(0)}, mesh)
-    _uneven_leading_dim_raises(mesh)
+    if world > 1:
+        _uneven_leading_dim_raises(mesh)
 
 
 def _uneven_leading_dim_raises(mesh) -> None:
@@ -160,13 +162,13 @@ def modules(rank: int, world: int) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
     from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     for cls in (fusednorm.FusedLayerNorm, fusednorm.FusedRMSNorm):
-        ref = cls(16)
+        ref = cls(16, device=DEVICE)
         with torch.no_grad():
             for p in ref.parameters():
                 p.copy_(_random(*p.shape, seed=5, requires_grad=False))
-        module = cls(16)
+        module = cls(16, device=DEVICE)
         module.load_state_dict(ref.state_dict())
         parallelize_module(module, mesh, SequenceParallel())
         x = _random(2, 2 * world, 16, seed=1, requires_grad=False)
@@ -187,7 +189,7 @@ STEPS, BATCH, LR = 3, 8, 0.1
 def _gpt(config=None):
     from gpt_example import TINY, build_model
 
-    return build_model(config or TINY, "fused", seed=0)
+    return build_model(config or TINY, "fused", seed=0, device=DEVICE)
 
 
 def _sgd(model):
@@ -206,7 +208,7 @@ def _train_against_single_process(model, optimizer, shard: Callable, dp_group=No
     ref = _gpt(config)
     ref_optimizer = _sgd(ref)
     for step in range(STEPS):
-        x, y = token_batch(BATCH, config or TINY, seed=step)
+        x, y = token_batch(BATCH, config or TINY, seed=step, device=DEVICE)
         ref_logits, ref_loss = ref(x, y)
         ref_optimizer.zero_grad()
         ref_loss.backward()
@@ -237,7 +239,7 @@ def gpt_tensor_parallel(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from gpt_parallel import parallelize_gpt
 
-    model = parallelize_gpt(_gpt(), tp_mesh=init_device_mesh("cpu", (world,)))
+    model = parallelize_gpt(_gpt(), tp_mesh=init_device_mesh(DEVICE, (world,)))
     _train_against_single_process(model, _sgd(model), lambda x, y: (x, y))
 
 
@@ -247,7 +249,7 @@ def gpt_fsdp_tensor_parallel(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from gpt_parallel import parallelize_gpt
 
-    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(DEVICE, (2, world // 2), mesh_dim_names=("dp", "tp"))
     model = parallelize_gpt(_gpt(), tp_mesh=mesh["tp"], dp_mesh=mesh["dp"])
     dp = mesh["dp"]
     _train_against_single_process(model, _sgd(model), _dp_share(dp.get_local_rank(), dp.size()),
@@ -262,7 +264,7 @@ def gpt_fsdp_bf16(rank: int, world: int) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from gpt_parallel import parallelize_gpt
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = parallelize_gpt(_gpt(), dp_mesh=mesh, mp_policy=policy)
     seen = []
@@ -291,7 +293,7 @@ def gpt_compiled_tensor_parallel(rank: int, world: int) -> None:
     from gpt_parallel import parallelize_gpt
 
     config = GPTConfig(block_size=8, n_layer=1, n_head=2, d_model=16)
-    model = parallelize_gpt(_gpt(config), tp_mesh=init_device_mesh("cpu", (world,)))
+    model = parallelize_gpt(_gpt(config), tp_mesh=init_device_mesh(DEVICE, (world,)))
     for block in model.blocks:
         block.compile(fullgraph=True, backend="aot_eager")  # in place: the same names
     _train_against_single_process(model, _sgd(model), lambda x, y: (x, y), config=config)
@@ -299,10 +301,14 @@ def gpt_compiled_tensor_parallel(rank: int, world: int) -> None:
 
 # --- spawning ----------------------------------------------------------------------------
 
-def _worker(rank: int, world: int, port: int, names: list[str]) -> None:
+def _worker(rank: int, world: int, port: int, names: list[str], device: str) -> None:
+    global DEVICE
+    DEVICE = device
     torch.set_num_threads(1)  # the processes share the machine's cores
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         for name in names:
             SCENARIOS[name](rank, world)
@@ -311,6 +317,7 @@ def _worker(rank: int, world: int, port: int, names: list[str]) -> None:
         dist.destroy_process_group()
 
 
-def run(names: list[str], world: int) -> None:
-    """Runs the scenarios `names` in `world` gloo processes; raises what a rank raised."""
-    mp.spawn(_worker, args=(world, _free_port(), names), nprocs=world, join=True)
+def run(names: list[str], world: int, device: str = "cpu") -> None:
+    """Runs the scenarios `names` in `world` processes (gloo on the CPU, NCCL with one GPU
+    each on "cuda"); raises what a rank raised."""
+    mp.spawn(_worker, args=(world, _free_port(), names, device), nprocs=world, join=True)

@@ -1,6 +1,7 @@
 """fusednorm under tensor and sequence parallelism (DTensor), 2-D FSDP2 x TP, FSDP2 with
-mixed precision, DDP with static_graph and torch.compile: gloo processes on the CPU, each
-run against one process (tests/tensor_parallel_workers.py holds the scenarios).
+mixed precision, DDP with static_graph and torch.compile: gloo processes on the CPU (and
+NCCL on GPUs where there are), each run against one process
+(tests/tensor_parallel_workers.py holds the scenarios).
 
 The scenarios of one world size share one spawn: starting processes that import torch
 is most of the time here.
@@ -8,6 +9,7 @@ is most of the time here.
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 pytestmark = [
@@ -26,6 +28,18 @@ def test_against_one_process(world, scenarios):
     from tensor_parallel_workers import run
 
     run(scenarios, world)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
+                    reason="needs a CUDA device and NCCL")
+def test_against_one_process_nccl():
+    """The device path of every rule: NCCL, one process per GPU (up to 2)."""
+    from tensor_parallel_workers import run
+
+    world = min(torch.cuda.device_count(), 2)
+    run(["ops", "modules", "gpt_tensor_parallel", "gpt_fsdp_bf16", "gpt_ddp_static_graph",
+         "gpt_compiled_tensor_parallel"], world, device="cuda")
 
 
 def test_ffn_plan_names_an_unsupported_placement():
