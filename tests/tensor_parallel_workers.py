@@ -82,7 +82,7 @@ def ops(rank: int, world: int) -> None:
     from fusednorm.functional import layer_norm_gelu_ffn
 
     mesh = init_device_mesh(DEVICE, (world,))
-    B, S, D, H = world, 2 * world, 8, 12
+    B, S, D, H = max(world, 2), 2 * world, 8, 12
     x = lambda s: _random(B, S, D, seed=s)  # noqa: E731
     w, b = _random(D, seed=3), _random(D, seed=4)
     norms = {
