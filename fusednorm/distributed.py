@@ -31,7 +31,8 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Shard,
+                                      distribute_tensor)
 from torch.distributed.tensor._op_schema import OpSchema, OpStrategy, RuntimeSchemaInfo
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
@@ -182,7 +183,7 @@ def _gelu_ffn_rules(*args):
 def _gelu_ffn_bwd_rules(*args):
     """gelu_ffn_bwd(grad_out, input, hidden, weight1, weight2, has_bias1, has_bias2, approx)
     -> (grad_input, grad_weight1, grad_bias1, grad_weight2, grad_bias2)."""
-    has_b1, has_b2 = args[5], args[6]
+    has_b1 = args[5]
     rules = _row_rules("rgggg", "rrrpp...", 1, linear_in=0)(*args)
     rules.append([SUM, Shard(0), Shard(0) if has_b1 else R, Shard(1), R,
                   R, R, Shard(1), Shard(0), Shard(1), None, None, None])
@@ -193,7 +194,9 @@ def _layer_norm_gelu_ffn(op_call, args, kwargs):
     """DTensor's handler of layer_norm_gelu_ffn (called below autograd: its C++ backward
     node is already recorded, and reads these outputs): its two fused parts and the
     residual, each through its own rule."""
-    input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate = args
+    names = [a.name for a in op_call._schema.arguments]
+    values = [*args, *(kwargs[name] for name in names[len(args):] if name in kwargs)]
+    input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate = values
     normed, mean, rstd = ops.LAYER_NORM(input, input.shape[-1:], ln_weight, ln_bias, eps)
     out, hidden = ops.GELU_FFN(normed, weight1, bias1, weight2, bias2, approximate)
     return input + out, mean, rstd, hidden
@@ -257,13 +260,16 @@ class FFNBoundary(ParallelStyle):
         if not isinstance(module, FFN_MODULES):
             raise TypeError("fusednorm.distributed.tp_plan serves FusedGeluFFN and "
                             f"FusedLayerNormGeluFFN modules, got {type(module).__name__}")
+        if device_mesh.ndim != 1:
+            raise ValueError("fusednorm.distributed.tp_plan: the tensor-parallel mesh must be "
+                             f"1-D (a 2-D mesh's 'tp' dim), got {device_mesh.ndim}-D")
         norm = getattr(module, "norm", None)
         if norm is not None:
             for name, param in list(norm.named_parameters(recurse=False)):
                 if not isinstance(param, DTensor):
-                    norm.register_parameter(name, nn.Parameter(
-                        DTensor.from_local(param.data, device_mesh, [R], run_check=False),
-                        param.requires_grad))
+                    replicated = distribute_tensor(param.data, device_mesh, [R],
+                                                   src_data_rank=self.src_data_rank)
+                    norm.register_parameter(name, nn.Parameter(replicated, param.requires_grad))
 
         def prepare_input(_module, inputs):
             (x, *rest) = inputs

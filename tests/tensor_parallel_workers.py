@@ -181,6 +181,49 @@ def modules(rank: int, world: int) -> None:
             _close(p.grad.full_tensor(), r.grad, f"{cls.__name__}.{name} grad")
 
 
+@scenario
+def ffn_modules(rank: int, world: int) -> None:
+    """FusedGeluFFN and FusedLayerNormGeluFFN under tp_plan, input and output replicated or
+    sequence-sharded: output, input gradient and every parameter's gradient."""
+    import fusednorm
+    from fusednorm.distributed import tp_plan
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh(DEVICE, (world,))
+    for cls in (fusednorm.FusedGeluFFN, fusednorm.FusedLayerNormGeluFFN):
+        for sequence_parallel in (False, True):
+            what = f"{cls.__name__} sequence_parallel={sequence_parallel}"
+            torch.manual_seed(0)  # the same parameters in every rank
+            ref = cls(8, 4 * world, device=DEVICE)
+            module = cls(8, 4 * world, device=DEVICE)
+            module.load_state_dict(ref.state_dict())
+            parallelize_module(module, mesh, tp_plan(sequence_parallel=sequence_parallel))
+            assert isinstance(module.fc1.weight, DTensor)
+            x = _random(2, 2 * world, 8, seed=1)
+            y = _random(2, 2 * world, 8, seed=2, requires_grad=False)
+            (ref(x) * y).sum().backward()
+            x_local = x.detach().clone()
+            if sequence_parallel:
+                x_local = distribute_tensor(x_local, mesh, [Shard(1)]).to_local()
+            x_local.requires_grad_()
+            out = module(x_local)  # local tensors in and out (use_local_output)
+            assert not isinstance(out, DTensor)
+            y_local = y.chunk(world, dim=1)[rank] if sequence_parallel else y
+            (out * y_local).sum().backward()
+            expected_out = ref(x).detach()
+            if sequence_parallel:
+                expected_out = expected_out.chunk(world, dim=1)[rank]
+                grad = x.grad.chunk(world, dim=1)[rank]
+            else:  # every rank's input is the whole one: each gets the whole gradient
+                grad = x.grad
+            _close(out, expected_out, f"{what} output")
+            _close(x_local.grad, grad, f"{what} input grad")
+            for (name, p), r in zip(module.named_parameters(), ref.parameters()):
+                _close(_full(p.grad), r.grad, f"{what} {name} grad")
+
+
 # --- the example GPT, trained ------------------------------------------------------------
 
 STEPS, BATCH, LR = 3, 8, 0.1

@@ -20,9 +20,9 @@ pytestmark = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world, scenarios", [
-    (2, ["ops", "modules", "gpt_tensor_parallel", "gpt_fsdp_bf16", "gpt_ddp_static_graph",
-         "gpt_compiled_tensor_parallel"]),
-    (4, ["ops", "modules", "gpt_tensor_parallel", "gpt_fsdp_tensor_parallel"]),
+    (2, ["ops", "modules", "ffn_modules", "gpt_tensor_parallel", "gpt_fsdp_bf16",
+         "gpt_ddp_static_graph", "gpt_compiled_tensor_parallel"]),
+    (4, ["ops", "modules", "ffn_modules", "gpt_tensor_parallel", "gpt_fsdp_tensor_parallel"]),
 ])
 def test_against_one_process(world, scenarios):
     from tensor_parallel_workers import run
@@ -38,8 +38,8 @@ def test_against_one_process_nccl():
     from tensor_parallel_workers import run
 
     world = min(torch.cuda.device_count(), 2)
-    run(["ops", "modules", "gpt_tensor_parallel", "gpt_fsdp_bf16", "gpt_ddp_static_graph",
-         "gpt_compiled_tensor_parallel"], world, device="cuda")
+    run(["ops", "modules", "ffn_modules", "gpt_tensor_parallel", "gpt_fsdp_bf16",
+         "gpt_ddp_static_graph", "gpt_compiled_tensor_parallel"], world, device="cuda")
 
 
 def test_ffn_plan_names_an_unsupported_placement():
@@ -61,7 +61,7 @@ def test_ffn_plan_serves_fusednorm_ffn_modules_only():
     from fusednorm.distributed import FFNBoundary
 
     with pytest.raises(TypeError, match="got Linear"):
-        FFNBoundary()._apply(nn.Linear(4, 4), None)
+        FFNBoundary()._apply(nn.Linear(4, 4), None)  # checked before the mesh is used
 
 
 def test_tp_plan_keys():
