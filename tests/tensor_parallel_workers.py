@@ -47,10 +47,11 @@ def _random(*shape, seed: int, requires_grad: bool = True) -> torch.Tensor:
 
 # --- ops on DTensors ---------------------------------------------------------------------
 
-def _check_op(name: str, fn, inputs: dict, placements: dict, mesh, grad_seed: int = 99) -> None:
+def _check_op(name: str, fn, inputs: dict, placements: dict, mesh, grad_seed: int = 99,
+              out_placement=None) -> None:
     """fn(**tensors) -> tuple of differentiable outputs, on full tensors and on DTensors
     with `placements` (name -> placement; the rest replicated): outputs and every
-    gradient equal."""
+    gradient equal, and every output in `out_placement` if given."""
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     ref_out = fn(**inputs)
@@ -61,6 +62,9 @@ def _check_op(name: str, fn, inputs: dict, placements: dict, mesh, grad_seed: in
     dt = {k: distribute_tensor(v.detach(), mesh, [placements.get(k, Replicate())]).requires_grad_()
           for k, v in inputs.items()}
     out = fn(**dt)
+    if out_placement is not None:
+        assert all(o.placements == (out_placement,) for o in out), (
+            f"{name}: outputs {[o.placements for o in out]}, not ({out_placement},)")
     for i, (o, r) in enumerate(zip(out, ref_out)):
         _close(_full(o), r, f"{name} output {i}")
     # Each output's gradient in the output's own placement, as autograd would bring it.
@@ -99,8 +103,10 @@ def ops(rank: int, world: int) -> None:
     for name, (fn, inputs) in norms.items():
         sharded = [k for k in ("input", "residual") if k in inputs]
         normalized_dims = 2 if "2 dims" in name else 1
-        for dim in range(3):  # 0, 1 outside normalized_shape; 2 inside: gathered
-            _check_op(f"{name} Shard({dim})", fn, inputs, {k: Shard(dim) for k in sharded}, mesh)
+        for dim in range(3):  # 0, 1 outside normalized_shape (kept); 2 inside: gathered
+            kept = Shard(dim) if dim < 3 - normalized_dims else None
+            _check_op(f"{name} Shard({dim})", fn, inputs, {k: Shard(dim) for k in sharded}, mesh,
+                      out_placement=kept)
         if normalized_dims == 1:  # input sequence-sharded, residual replicated: redistributed
             _check_op(f"{name} mixed", fn, inputs, {"input": Shard(1)}, mesh)
 
@@ -163,7 +169,8 @@ def modules(rank: int, world: int) -> None:
     from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
     mesh = init_device_mesh(DEVICE, (world,))
-    for cls in (fusednorm.FusedLayerNorm, fusednorm.FusedRMSNorm):
+    for cls, torch_cls in ((fusednorm.FusedLayerNorm, nn.LayerNorm),
+                           (fusednorm.FusedRMSNorm, nn.RMSNorm)):
         ref = cls(16, device=DEVICE)
         with torch.no_grad():
             for p in ref.parameters():
@@ -177,8 +184,13 @@ def modules(rank: int, world: int) -> None:
         assert out.placements == (Shard(1),), out.placements
         out.square().sum().backward()
         _close(out.full_tensor(), ref(x), f"{cls.__name__} output")
-        for (name, p), r in zip(module.named_parameters(), ref.parameters()):
+        torch_module = parallelize_module(torch_cls(16, device=DEVICE), mesh, SequenceParallel())
+        torch_module(distribute_tensor(x, mesh, [Shard(1)])).square().sum().backward()
+        for (name, p), r, t in zip(module.named_parameters(), ref.parameters(),
+                                   torch_module.parameters()):
             _close(p.grad.full_tensor(), r.grad, f"{cls.__name__}.{name} grad")
+            # Reduced where PyTorch reduces its own norm's: the same placements.
+            assert p.grad.placements == t.grad.placements, (p.grad.placements, t.grad.placements)
 
 
 @scenario
