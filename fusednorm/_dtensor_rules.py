@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 _DTENSOR = "torch.distributed.tensor"
 
@@ -24,7 +25,12 @@ class _AfterDTensorImport(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
-            register()
+            try:
+                register()
+            except Exception as error:  # never break the user's import of DTensor
+                warnings.warn(f"fusednorm's DTensor sharding rules were not registered: "
+                              f"{error!r}; import fusednorm.distributed to see why",
+                              RuntimeWarning, stacklevel=2)
 
         spec.loader.exec_module = exec_then_register
         return spec
