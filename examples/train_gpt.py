@@ -8,6 +8,12 @@ fusednorm's LayerNorm (and feed-forward block), and record the loss curve.
 With the same seed the two runs start from the same weights and see the same batches, so
 their losses differ only by the kernels' rounding. Writes OUT/metrics.json and
 OUT/loss_curve.png.
+
+Under torchrun, --tp N runs tensor + sequence parallelism over N processes and --fsdp
+FSDP2 over the rest (examples/gpt_parallel.py); the losses are those of one process:
+
+    torchrun --nproc-per-node 2 examples/train_gpt.py --norm fused --tp 2 --out runs/tp2
+    torchrun --nproc-per-node 4 examples/train_gpt.py --norm fused --tp 2 --fsdp --out runs/2d
 """
 from __future__ import annotations
 
@@ -57,12 +63,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor + sequence parallel size (under torchrun)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="FSDP2 over the processes that --tp leaves (under torchrun)")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "block_size", "n_layer", "n_head", "d_model"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to this PyTorch")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.tp < 1 or world % args.tp:
+        parser.error(f"--tp {args.tp} must divide the number of processes ({world})")
+    if world // args.tp > 1 and not args.fsdp:
+        parser.error(f"{world} processes for --tp {args.tp}: add --fsdp for the other "
+                     f"{world // args.tp}, or run {args.tp} processes")
+    if args.batch_size % (world // args.tp):
+        parser.error(f"--batch-size {args.batch_size} must be a multiple of the "
+                     f"{world // args.tp} FSDP processes")
     return args
 
 
@@ -75,14 +94,77 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, lr: float, foreach: bool | None = None
+                   ) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only (not on norms, biases)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), foreach=foreach)
+
+
+def clip_grad_norm(parameters, max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_ for parameters that mix plain tensors and DTensors
+    (tensor parallelism leaves attention's whole), which its batched norms do not take."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g) for g in grads]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+
+
+class Parallel:
+    """The processes of a torchrun launch: their meshes (tp, dp) and this one's share of a
+    batch. One process: nothing to do."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.tp, self.dp = args.tp, self.world // args.tp
+        self.tp_mesh = self.dp_mesh = None
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        mesh = init_device_mesh(device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        self.tp_mesh = mesh["tp"] if self.tp > 1 else None
+        self.dp_mesh = mesh["dp"] if args.fsdp else None
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not self.active:
+            return model
+        from gpt_parallel import parallelize_gpt
+
+        return parallelize_gpt(model, self.tp_mesh, self.dp_mesh)
+
+    def share(self, x: torch.Tensor) -> torch.Tensor:
+        """This process's part of a batch every process drew alike (FSDP splits it)."""
+        if self.dp_mesh is None:
+            return x
+        return x.chunk(self.dp)[self.dp_mesh.get_local_rank()]
+
+    def mean_loss(self, loss: torch.Tensor) -> float:
+        """The whole batch's mean loss: the FSDP processes' means averaged."""
+        if self.dp_mesh is not None:
+            import torch.distributed as dist
+
+            loss = loss.detach().clone()
+            dist.all_reduce(loss, dist.ReduceOp.AVG, group=self.dp_mesh.get_group())
+        return loss.item()
 
 
 def device_name(device: torch.device) -> str:
@@ -144,9 +226,14 @@ class Trainer:
         self.config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer,
                                 n_head=args.n_head, d_model=args.d_model)
         self.corpus = ByteCorpus(stdlib_docstrings(args.corpus_bytes))
-        self.model = build_model(self.config, args.norm, args.seed, self.device)
+        self.parallel = Parallel(args, self.device)
+        self.model = self.parallel.parallelize(
+            build_model(self.config, args.norm, args.seed, self.device))
         self.step_model = torch.compile(self.model) if args.compile else self.model
-        self.optimizer = make_optimizer(self.model, args.lr)
+        # Tensor parallelism leaves attention's parameters plain tensors among DTensors,
+        # which the optimizer's batched (foreach) kernels do not mix.
+        self.optimizer = make_optimizer(self.model, args.lr,
+                                        foreach=False if self.parallel.active else None)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.generator = torch.Generator().manual_seed(args.seed)
@@ -169,6 +256,7 @@ class Trainer:
         if step == self.first_timed:
             self.start = step_start
         x, y = self.corpus.batch("train", args.batch_size, self.config.block_size, self.generator)
+        x, y = self.parallel.share(x), self.parallel.share(y)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
@@ -176,9 +264,12 @@ class Trainer:
             _, loss = self.step_model(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        if self.parallel.active:
+            clip_grad_norm(list(self.model.parameters()), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
-        self.losses.append(loss.item())  # waits for the step to finish
+        self.losses.append(self.parallel.mean_loss(loss))  # waits for the step to finish
         self.end = time.perf_counter()
         self.steps_done += 1
         if step < self.first_timed:
@@ -215,6 +306,8 @@ class Trainer:
                 "corpus_bytes": self.corpus.num_bytes, "corpus_sha256": self.corpus.sha256,
                 "parameters": sum(p.numel() for p in model.parameters()),
             },
+            "parallel": {"processes": self.parallel.world, "tp": self.parallel.tp,
+                         "fsdp": self.parallel.dp_mesh is not None},
             "device": device_name(self.device),
             "device_kind": self.device.type,
             "threads": torch.get_num_threads(),
@@ -231,7 +324,8 @@ def train(args: argparse.Namespace) -> dict:
     """Runs the training the arguments describe and returns the metrics (see main())."""
     trainer = Trainer(args)
     progress = tqdm(range(args.steps), desc=f"{args.norm} {args.device}",
-                    disable=args.no_progress, dynamic_ncols=True)
+                    disable=args.no_progress or int(os.environ.get("RANK", "0")) > 0,
+                    dynamic_ncols=True)
     for _ in progress:
         trainer.step()
         progress.set_postfix(loss=f"{trainer.losses[-1]:.4f}")
@@ -245,6 +339,13 @@ def main(argv: list[str] | None = None) -> dict:
     OUT/loss_curve.png; returns the metrics."""
     args = parse_args(argv)
     metrics = train(args)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # every process done with every collective before any leaves
+        dist.destroy_process_group()
+        if int(os.environ["RANK"]):
+            return metrics  # the same losses as rank 0's: rank 0 writes them
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     plot_runs([metrics], args.out / "loss_curve.png")

@@ -7,6 +7,9 @@ from .layer_norm_2d import FusedLayerNorm2d
 from .modules import FusedGeluFFN, FusedHFRMSNorm, FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm
 from .ops import FusedLayerNormFunction, GeluFFNFunction, LayerNormGeluFFNFunction
 from .patch import norm_report, replace_layernorm, replace_norms
+from ._dtensor_rules import register_when_dtensor_loads
+
+register_when_dtensor_loads()  # fusednorm.distributed's rules, once DTensor is imported
 
 __all__ = [
     "FusedGeluFFN",

@@ -181,3 +181,30 @@ def test_commit_stamp_names_the_sources_when_told(monkeypatch):
     assert git_commit() == "0123abc"
     monkeypatch.delenv("FUSEDNORM_COMMIT")
     assert git_commit() != "0123abc"
+
+
+TORCHRUN_STEPS = 6  # the learning-rate schedule depends on --steps: both runs take these
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> dict:
+    return train(tmp_path_factory.mktemp("short"), "fused", "--steps", str(TORCHRUN_STEPS))
+
+
+@pytest.mark.parametrize("parallel", [["--tp", "2"], ["--fsdp"]], ids=["tp2", "fsdp2"])
+def test_torchrun_two_processes_give_the_losses_of_one(short_run, tmp_path, parallel):
+    """Under torchrun (2 gloo processes), tensor + sequence parallelism or FSDP2: the loss
+    of every step within float32 rounding of the single-process run's."""
+    steps = TORCHRUN_STEPS
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         str(EXAMPLES_DIR / "train_gpt.py"), "--norm", "fused", "--device", "cpu", "--seed", "0",
+         "--out", str(out), *TINY_ARGS, "--steps", str(steps), *parallel],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"torchrun failed:\n{result.stdout}\n{result.stderr}"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["parallel"]["processes"] == 2
+    assert metrics["losses"] == pytest.approx(short_run["losses"], abs=1e-5)

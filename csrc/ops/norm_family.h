@@ -103,7 +103,12 @@ inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
 // the sum without a residual, RMSNorm's mean (record() saves `none_like` for norm_bwd).
 using BelowAutograd = std::function<Outputs()>;
 
-inline at::Tensor none_like(const at::Tensor& t) { return at::empty({0}, t.options()); }
+// A tensor subclass (DTensor) gets one of its own kind: its ops reject a plain tensor among
+// their arguments ("mixed torch.Tensor and DTensor").
+inline at::Tensor none_like(const at::Tensor& t) {
+  if (t.key_set().has(c10::DispatchKey::Python)) return t.new_empty({0});
+  return at::empty({0}, t.options());
+}
 
 // The backward node of a recorded norm op: a torch::autograd::Node of our own, as
 // PyTorch's generated ones (NativeLayerNormBackward0), not a torch::autograd::Function,
