@@ -1,4 +1,5 @@
-"""fusednorm: fused LayerNorm and GELU feed-forward kernels for PyTorch (CPU and CUDA)."""
+"""fusednorm: fused LayerNorm, RMSNorm (alone or after a residual add) and GELU feed-forward
+kernels for PyTorch (CPU and CUDA)."""
 from . import reference
 from .functional import add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, rms_norm
 from .info import __version__, build_info
