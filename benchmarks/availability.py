@@ -19,6 +19,16 @@ def _registered_ops(device: torch.device) -> list[str]:
             if n.startswith("fusednorm::")]
 
 
+def import_fusednorm():
+    """The fusednorm module, or None when it does not import (fusednorm_skip_reason says
+    why, per provider)."""
+    try:
+        import fusednorm
+    except ImportError:
+        return None
+    return fusednorm
+
+
 def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str | None:
     """None when fusednorm.<api> exists and ops fusednorm::<op_prefix>* have compiled
     kernels for the device; otherwise why the fusednorm provider cannot be benchmarked."""
@@ -39,6 +49,31 @@ def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str
                 " root: build in place with `python setup.py build_ext --inplace`"
                 " or install with `pip install -e .`)")
     return f"fusednorm imported from {where} cannot run on {device.type}: {why}{hint}"
+
+
+def usable_providers(wanted, known, device: torch.device, notes: list[str], *, backend_op: str,
+                     api: str, liger=None) -> list[str]:
+    """wanted minus those that cannot run here, each absence explained in notes: fusednorm
+    without a kernel of fusednorm::<backend_op> for the device or without fusednorm.<api>;
+    liger off a GPU or where liger() (a liger_* function below) finds no Liger-Kernel.
+    known: every provider name of the suite."""
+    usable = []
+    for name in wanted:
+        if name not in known:
+            raise SystemExit(f"unknown provider {name!r}; choose among {list(known)}")
+        reason = None
+        if name == "fusednorm":
+            reason = fusednorm_skip_reason(device, backend_op, api)
+        elif name == "liger":
+            if device.type != "cuda":
+                reason = "Liger-Kernel runs on GPUs only"
+            elif liger is None or liger() is None:
+                reason = "liger_kernel is not importable (pip install liger-kernel)"
+        if reason is None:
+            usable.append(name)
+        else:
+            notes.append(f"{name} not benchmarked: {reason}")
+    return usable
 
 
 @functools.cache

@@ -21,10 +21,7 @@ from torch import nn
 
 from benchmarks import availability, cli, harness, plotting, report, runner
 
-try:
-    import fusednorm
-except ImportError:  # reported by availability.fusednorm_skip_reason
-    fusednorm = None
+fusednorm = availability.import_fusednorm()
 
 SUITE = "gelu_ffn"
 PROVIDERS = ["fusednorm", "torch", "torch.compile", "gemm-only"]
@@ -134,18 +131,8 @@ def case_builder(M: int, d: int, h: int, dtype: torch.dtype, device: torch.devic
 
 def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str]:
     """wanted minus those that cannot run here, each absence explained in notes."""
-    usable = []
-    for name in wanted:
-        if name not in PROVIDERS:
-            raise SystemExit(f"unknown provider {name!r}; choose among {PROVIDERS}")
-        reason = None
-        if name == "fusednorm":
-            reason = availability.fusednorm_skip_reason(device, "gelu_ffn", "gelu_ffn")
-        if reason is None:
-            usable.append(name)
-        else:
-            notes.append(f"{name} not benchmarked: {reason}")
-    return usable
+    return availability.usable_providers(wanted, PROVIDERS, device, notes,
+                                         backend_op="gelu_ffn_fwd", api="gelu_ffn")
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
@@ -220,18 +207,11 @@ def measurement_notes(device: torch.device) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    cli.add_common_arguments(p)
-    cli.add_suite_arguments(p, PROVIDERS)
-    return p
+    return cli.suite_parser(__doc__.splitlines()[0], PROVIDERS)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    cli.warn_unpublishable(args)
-    result, md, folder = run(args)
-    print(md)
-    print(f"results written to {folder}", file=sys.stderr)
+    cli.run_suite(run, parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -25,10 +25,7 @@ import torch.nn.functional as F
 
 from benchmarks import availability, bench_layer_norm, cli, floors, harness, report, runner
 
-try:
-    import fusednorm
-except ImportError:  # reported by availability.fusednorm_skip_reason
-    fusednorm = None
+fusednorm = availability.import_fusednorm()
 
 EPS = 1e-6
 CPU_SHAPES = [(4096, 1024), (1024, 4096), (8192, 768)]
@@ -59,10 +56,8 @@ class NormSuite:
         return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
 
     def parser(self) -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(description=f"suite {self.SUITE}: " + __doc__.splitlines()[0])
-        cli.add_common_arguments(p)
-        cli.add_suite_arguments(p, list(self.functions))
-        return p
+        return cli.suite_parser(f"suite {self.SUITE}: " + __doc__.splitlines()[0],
+                                list(self.functions))
 
     def run(self, args: argparse.Namespace):
         return run(self, args)
@@ -158,23 +153,9 @@ def case_builder(suite: NormSuite, M: int, N: int, dtype, device, names):
 
 
 def usable_providers(suite: NormSuite, wanted, device, notes: list[str]) -> list[str]:
-    usable = []
-    for name in wanted:
-        if name not in suite.functions:
-            raise SystemExit(f"unknown provider {name!r}; choose among {list(suite.functions)}")
-        reason = None
-        if name == "fusednorm":
-            reason = availability.fusednorm_skip_reason(device, "norm_fwd", suite.SUITE)
-        elif name == "liger":
-            if device.type != "cuda":
-                reason = "Liger-Kernel runs on GPUs only"
-            elif availability.liger_rms_norm() is None:
-                reason = "liger_kernel is not importable (pip install liger-kernel)"
-        if reason is None:
-            usable.append(name)
-        else:
-            notes.append(f"{name} not benchmarked: {reason}")
-    return usable
+    return availability.usable_providers(wanted, suite.functions, device, notes,
+                                         backend_op="norm_fwd", api=suite.SUITE,
+                                         liger=availability.liger_rms_norm)
 
 
 def run(suite: NormSuite, args: argparse.Namespace):
@@ -214,9 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] not in SUITES:
         raise SystemExit(f"usage: python -m benchmarks.bench_norm_family {{{','.join(SUITES)}}} ...")
     suite = SUITES[argv[0]]
-    result, md, folder = suite.run(suite.parser().parse_args(argv[1:]))
-    print(md)
-    print(f"results written to {folder}", file=sys.stderr)
+    cli.run_suite(suite.run, suite.parser().parse_args(argv[1:]))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,7 @@ from torch import nn
 
 from benchmarks import availability, cli, harness, plotting, report, stamp
 
-try:
-    import fusednorm
-except ImportError:  # reported by availability.fusednorm_skip_reason
-    fusednorm = None
+fusednorm = availability.import_fusednorm()
 
 SUITE = "overhead"
 CASES = ("fwd (no grad)", "fwd (grad)", "fwd+bwd")
@@ -135,7 +132,7 @@ def _row(api: str, case: str, provider: str, samples: list[float]) -> dict:
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device, args.cpu_memory)
-    reason = availability.fusednorm_skip_reason(device, "layer_norm", "layer_norm")
+    reason = availability.fusednorm_skip_reason(device, "norm_fwd", "layer_norm")
     if reason:
         raise SystemExit(f"[{SUITE}] cannot run: {reason}")
     threads = torch.get_num_threads()

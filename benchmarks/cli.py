@@ -112,6 +112,23 @@ def out_root(args: argparse.Namespace) -> Path:
     return QUICK_DIR if args.quick else stamp.LOCAL_DIR
 
 
+def suite_parser(description: str, providers: Sequence[str]) -> argparse.ArgumentParser:
+    """The command line of a suite: the common arguments and the suite's providers."""
+    p = argparse.ArgumentParser(description=description)
+    add_common_arguments(p)
+    add_suite_arguments(p, providers)
+    return p
+
+
+def run_suite(run, args: argparse.Namespace) -> None:
+    """A suite's main: run(args) -> (results, Markdown, folder); prints the Markdown and
+    where the files went."""
+    warn_unpublishable(args)
+    _, md, folder = run(args)
+    print(md)
+    print(f"results written to {folder}", file=sys.stderr)
+
+
 def warn_unpublishable(args: argparse.Namespace) -> None:
     """--save from a checkout with uncommitted changes: the files will say '-dirty'."""
     if getattr(args, "save", False) and stamp.git_commit().endswith("-dirty"):

@@ -101,6 +101,20 @@ def _compiled_kernels() -> frozenset[tuple[str, str]]:
 KERNELS = _compiled_kernels()
 
 
+def _public_ops() -> tuple[str, ...]:
+    """The public ops of csrc/op_table.h, as the library reports them (empty without it)."""
+    if not AVAILABLE:
+        return ()
+    for line in torch.ops.fusednorm.build_info().splitlines():
+        key, _, value = line.partition("=")
+        if key == "public_ops":
+            return tuple(name for name in value.split(",") if name)
+    return ()
+
+
+PUBLIC_OPS = _public_ops()
+
+
 def has_kernel(op: str, device_type: str) -> bool:
     """Whether torch.ops.fusednorm.<op> has a compiled kernel for this device type."""
     return (op, device_type) in KERNELS

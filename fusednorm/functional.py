@@ -18,10 +18,11 @@ import torch
 from . import _loader, ops, reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# Each function below first tries its direct entry (ops.FAST), which answers NotImplemented
-# where the torch.ops path must decide: tensor subclasses, TorchFunctionModes, symbolic
-# sizes, any error (so errors are explained the one way). Under torch.compile the check
-# below is a constant True and dynamo traces the torch.ops call, a graph node.
+# Each function below calls its op through _call: first its direct entry (ops.FAST), which
+# answers NotImplemented where the torch.ops path must decide: tensor subclasses,
+# TorchFunctionModes, symbolic sizes, any error (so errors are explained the one way).
+# Under torch.compile the check below is a constant True and dynamo traces the torch.ops
+# call, a graph node.
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _warned_fallback: set[tuple[str, str]] = set()
 
@@ -50,12 +51,8 @@ def _check_param(name: str, param, input: torch.Tensor, shape: tuple[int, ...],
         )
     if param.device != input.device:
         raise RuntimeError(f"{fn}: {name} is on {param.device} but input is on {input.device}")
-    mixed_ok = input.dtype in (torch.float16, torch.bfloat16) and param.dtype == torch.float32
-    if param.dtype != input.dtype and not mixed_ok:
-        raise TypeError(
-            f"{fn}: {name} must have the input's dtype ({input.dtype}) or "
-            f"float32 for a float16/bfloat16 input, got {param.dtype}"
-        )
+    # Which parameter dtypes go with which input is the compiled op's rule (it raises its
+    # own TypeError); the reference path computes in the accumulation type whatever they are.
 
 
 def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_norm") -> None:
@@ -113,7 +110,8 @@ def _warn_fallback(device_type: str, instead: str = "the plain-PyTorch reference
     if (device_type, instead) not in _warned_fallback:
         _warned_fallback.add((device_type, instead))
         reason = _loader.LOAD_ERROR or f"no fusednorm kernel for {device_type} tensors"
-        warnings.warn(f"{reason}; using {instead}", RuntimeWarning, stacklevel=4)
+        # The user's call, above: the function, _call, the fallback, this.
+        warnings.warn(f"{reason}; using {instead}", RuntimeWarning, stacklevel=5)
 
 
 def _explain(error: RuntimeError, input, backend_op: str, check, *args) -> None:
@@ -129,6 +127,28 @@ def _explain(error: RuntimeError, input, backend_op: str, check, *args) -> None:
     raise error
 
 
+def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback):
+    """The compiled op `name` on args: through its direct entry (ops.FAST) when that
+    answers, else through its OpOverload; its first output, or its first `outputs` as a
+    tuple. A rejected call raises the error that names the argument (_explain with
+    check(*args)). fallback(*args) where the input's device has no kernel (backend_op's) or
+    the library did not load."""
+    fast = ops.FAST
+    if fast is not None and not _dynamo_compiling():
+        out = getattr(fast, name)(*args)
+        if out is not NotImplemented:
+            return out
+    op = getattr(ops, name.upper())
+    if op is not None:
+        try:
+            result = op(*args)
+        except RuntimeError as error:
+            _explain(error, args[0], backend_op, check, *args)
+        else:
+            return result[0] if outputs == 1 else tuple(result[:outputs])
+    return fallback(*args)
+
+
 def layer_norm(
     input: torch.Tensor,
     normalized_shape: int | Sequence[int],
@@ -141,21 +161,26 @@ def layer_norm(
     output in the input's dtype; weight/bias may be float32 for a float16/bfloat16 input."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if ops.FAST is not None and not _dynamo_compiling():
-        out = ops.FAST.layer_norm(input, normalized_shape, weight, bias, eps)
-        if out is not NotImplemented:
-            return out
-    if ops.LAYER_NORM is not None:
-        try:
-            return ops.LAYER_NORM(input, normalized_shape, weight, bias, eps)[0]
-        except RuntimeError as error:
-            _explain(error, input, "layer_norm_fwd", _check_layer_norm_call,
-                     input, normalized_shape, weight, bias, eps)
-    return _reference_layer_norm(input, normalized_shape, weight, bias, eps)
+    return _call("layer_norm", (input, normalized_shape, weight, bias, eps), 1,
+                 _check_layer_norm_call, "norm_fwd", _reference_layer_norm)
 
 
 def _check_layer_norm_call(input, normalized_shape, weight, bias, eps) -> None:
     _check_norm_call("fusednorm.layer_norm", input, normalized_shape, weight, bias, eps)
+
+
+def _check_rms_norm_call(input, normalized_shape, weight, eps) -> None:
+    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps)
+
+
+def _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps) -> None:
+    _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
+                     residual, True)
+
+
+def _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps) -> None:
+    _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
+                     residual, True)
 
 
 def _reference_layer_norm(input, normalized_shape, weight, bias, eps):
@@ -178,17 +203,12 @@ def rms_norm(
     Statistics in float32 (float64 for float64), output in the input's dtype."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if ops.FAST is not None and not _dynamo_compiling():
-        out = ops.FAST.rms_norm(input, normalized_shape, weight, eps)
-        if out is not NotImplemented:
-            return out
-    if ops.RMS_NORM is not None:
-        try:
-            return ops.RMS_NORM(input, normalized_shape, weight, eps)[0]
-        except RuntimeError as error:
-            _explain(error, input, "norm_fwd", _check_norm_call, "fusednorm.rms_norm", input,
-                     normalized_shape, weight, None, eps)
-    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps)
+    return _call("rms_norm", (input, normalized_shape, weight, eps), 1, _check_rms_norm_call,
+                 "norm_fwd", _reference_rms_norm)
+
+
+def _reference_rms_norm(input, normalized_shape, weight, eps):
+    _check_rms_norm_call(input, normalized_shape, weight, eps)
     input, weight, _ = _autocast_to_fp32(input, weight, None)
     _warn_fallback(input.device.type)
     return reference.rms_norm(input, normalized_shape, weight, eps, upcast=False)
@@ -207,19 +227,12 @@ def add_layer_norm(
     (reads input and residual once, writes both outputs once). Both are differentiable."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if ops.FAST is not None and not _dynamo_compiling():
-        out = ops.FAST.add_layer_norm(input, residual, normalized_shape, weight, bias, eps)
-        if out is not NotImplemented:
-            return out
-    if ops.ADD_LAYER_NORM is not None:
-        try:
-            out, total, _, _ = ops.ADD_LAYER_NORM(input, residual, normalized_shape, weight, bias, eps)
-            return out, total
-        except RuntimeError as error:
-            _explain(error, input, "norm_fwd", _check_norm_call, "fusednorm.add_layer_norm",
-                     input, normalized_shape, weight, bias, eps, residual, True)
-    _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
-                     residual, True)
+    return _call("add_layer_norm", (input, residual, normalized_shape, weight, bias, eps), 2,
+                 _check_add_layer_norm_call, "norm_fwd", _unfused_add_layer_norm)
+
+
+def _unfused_add_layer_norm(input, residual, normalized_shape, weight, bias, eps):
+    _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps)
     _warn_fallback(input.device.type, "input + residual, then layer_norm (two passes)")
     total = input + residual
     return layer_norm(total, normalized_shape, weight, bias, eps), total
@@ -236,19 +249,12 @@ def add_rms_norm(
     input's dtype, in one pass over memory; both outputs differentiable."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if ops.FAST is not None and not _dynamo_compiling():
-        out = ops.FAST.add_rms_norm(input, residual, normalized_shape, weight, eps)
-        if out is not NotImplemented:
-            return out
-    if ops.ADD_RMS_NORM is not None:
-        try:
-            out, total, _ = ops.ADD_RMS_NORM(input, residual, normalized_shape, weight, eps)
-            return out, total
-        except RuntimeError as error:
-            _explain(error, input, "norm_fwd", _check_norm_call, "fusednorm.add_rms_norm",
-                     input, normalized_shape, weight, None, eps, residual, True)
-    _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
-                     residual, True)
+    return _call("add_rms_norm", (input, residual, normalized_shape, weight, eps), 2,
+                 _check_add_rms_norm_call, "norm_fwd", _unfused_add_rms_norm)
+
+
+def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps):
+    _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps)
     _warn_fallback(input.device.type, "input + residual, then rms_norm (two passes)")
     total = input + residual
     return rms_norm(total, normalized_shape, weight, eps), total
@@ -348,16 +354,11 @@ def gelu_ffn(
     cast to the autocast dtype, as nn.Linear's are). approximate is 'none' (exact, erf) or
     'tanh'. The backward keeps one [tokens, hidden] activation instead of eager's two.
     """
-    if ops.FAST is not None and not _dynamo_compiling():
-        out = ops.FAST.gelu_ffn(input, weight1, bias1, weight2, bias2, approximate)
-        if out is not NotImplemented:
-            return out
-    if ops.GELU_FFN is not None:
-        try:
-            return ops.GELU_FFN(input, weight1, bias1, weight2, bias2, approximate)[0]
-        except RuntimeError as error:
-            _explain(error, input, "gelu_ffn_fwd", _check_gelu_ffn_call,
-                     input, weight1, bias1, weight2, bias2, approximate)
+    return _call("gelu_ffn", (input, weight1, bias1, weight2, bias2, approximate), 1,
+                 _check_gelu_ffn_call, "gelu_ffn_fwd", _reference_gelu_ffn)
+
+
+def _reference_gelu_ffn(input, weight1, bias1, weight2, bias2, approximate):
     _check_gelu_ffn_call(input, weight1, bias1, weight2, bias2, approximate)
     input, weight1, bias1, weight2, bias2 = _autocast_ffn_args(input, weight1, bias1, weight2, bias2)
     _warn_fallback(input.device.type)
@@ -400,16 +401,13 @@ def layer_norm_gelu_ffn(
     bias may be float32 for a float16/bfloat16 input; the FFN's tensors have input's dtype.
     Under autocast it runs as layer_norm then gelu_ffn, each with autocast's dtypes."""
     args = (input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate)
-    if ops.FAST is not None and not _dynamo_compiling():
-        out = ops.FAST.layer_norm_gelu_ffn(*args)
-        if out is not NotImplemented:
-            return out
-    if ops.LAYER_NORM_GELU_FFN is not None:
-        try:
-            return ops.LAYER_NORM_GELU_FFN(*args)[0]
-        except RuntimeError as error:
-            _explain(error, input, "gelu_ffn_fwd", _check_layer_norm_gelu_ffn_call, *args)
+    return _call("layer_norm_gelu_ffn", args, 1, _check_layer_norm_gelu_ffn_call, "gelu_ffn_fwd",
+                 _reference_layer_norm_gelu_ffn)
+
+
+def _reference_layer_norm_gelu_ffn(*args):
     _check_layer_norm_gelu_ffn_call(*args)
+    input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate = args
     if torch.is_autocast_enabled(input.device.type):
         normed = layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
         return input + gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)

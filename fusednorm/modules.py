@@ -54,6 +54,16 @@ def _check_approximate(approximate: str) -> str:
     return approximate
 
 
+def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
+             approximate: str, device, dtype) -> None:
+    """module.approximate, and module.fc1 (d_model -> d_hidden, default 4 * d_model) and
+    module.fc2 (back to d_model), plain nn.Linear."""
+    d_hidden = 4 * d_model if d_hidden is None else d_hidden
+    module.approximate = _check_approximate(approximate)
+    module.fc1 = nn.Linear(d_model, d_hidden, bias=bias, device=device, dtype=dtype)
+    module.fc2 = nn.Linear(d_hidden, d_model, bias=bias, device=device, dtype=dtype)
+
+
 class FusedGeluFFN(nn.Module):
     """The transformer feed-forward block fc2(gelu(fc1(x))), computed by fusednorm's fused
     kernels: the same result as nn.Sequential(fc1, nn.GELU(approximate), fc2), with half of
@@ -74,10 +84,7 @@ class FusedGeluFFN(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        d_hidden = 4 * d_model if d_hidden is None else d_hidden
-        self.approximate = _check_approximate(approximate)
-        self.fc1 = nn.Linear(d_model, d_hidden, bias=bias, device=device, dtype=dtype)
-        self.fc2 = nn.Linear(d_hidden, d_model, bias=bias, device=device, dtype=dtype)
+        _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.gelu_ffn(
@@ -111,11 +118,9 @@ class FusedLayerNormGeluFFN(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        d_hidden = 4 * d_model if d_hidden is None else d_hidden
-        self.approximate = _check_approximate(approximate)
+        _check_approximate(approximate)
         self.norm = FusedLayerNorm(d_model, eps=eps, device=device, dtype=dtype)
-        self.fc1 = nn.Linear(d_model, d_hidden, bias=bias, device=device, dtype=dtype)
-        self.fc2 = nn.Linear(d_hidden, d_model, bias=bias, device=device, dtype=dtype)
+        _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.layer_norm_gelu_ffn(

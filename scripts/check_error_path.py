@@ -21,10 +21,10 @@ info = fusednorm.build_info()
 if not info["compiled"]:
     sys.exit(f"fusednorm's compiled library did not load: {info['load_error']}")
 try:
-    torch.ops.fusednorm.layer_norm_fwd(torch.randn(2, 3, 4), None, None, 1e-5)
+    torch.ops.fusednorm.norm_fwd(torch.randn(2, 3, 4), None, None, None, 1e-5, True)
 except RuntimeError as error:
     if "2-D" not in str(error):
         sys.exit(f"unexpected error message from a rejected argument: {error}")
 else:
-    sys.exit("layer_norm_fwd accepted a 3-D input it must reject")
+    sys.exit("norm_fwd accepted a 3-D input it must reject")
 print("error path ok: a rejected argument raised RuntimeError")

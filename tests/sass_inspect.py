@@ -97,11 +97,11 @@ def read_kernels(library: str, cuobjdump: str) -> dict[tuple[str, str], Kernel]:
 
 
 # Template arguments of the norm-family row kernels in their mangled names:
-# layer_norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED> (CENTERED: LayerNorm;
+# norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED> (CENTERED: LayerNorm;
 # not: RMSNorm).
 _ELEMENT = {"N3c104HalfE": "float16", "N3c108BFloat16E": "bfloat16", "f": "float32", "d": "float64"}
 _ROW_KERNEL = re.compile(
-    r"layer_norm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d).*?Li(\d+)ELi(\d+)ELi(\d+)E"
+    r"\dnorm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d).*?Li(\d+)ELi(\d+)ELi(\d+)E"
     r"(?:Lb([01])E)?(?:Lb([01])E)?E"
 )
 
@@ -135,10 +135,11 @@ def row_kernel(name: str) -> RowKernel | None:
                      centered != "0")
 
 
-# Launch block sizes of the other kernels (the constants next to their launches in csrc/cuda).
+# Launch block sizes of the other kernels (csrc/cuda/norm_config.cuh, and the constants next to
+# the other launches in csrc/cuda).
 OTHER_BLOCKS = {
-    "layer_norm_merge_stats_kernel": 128,
-    "layer_norm_merge_sums_kernel": 128,
+    "norm_merge_stats_kernel": 128,  # kMergeThreads (norm_config.cuh)
+    "norm_merge_sums_kernel": 128,  # kMergeThreads
     "sum_partial_rows_kernel": 256,  # kSumThreads
     "layer_norm_apply_kernel": 256,  # kThreads
     "layer_norm_mean_rest_kernel": 256,  # kThreads (layer_norm_apply.cu)

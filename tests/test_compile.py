@@ -22,11 +22,11 @@ def _opcheck_cases(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     for x, weight, bias in _opcheck_cases(device):
-        torch.library.opcheck(torch.ops.fusednorm.layer_norm_fwd.default, (x, weight, bias, 1e-5))
-        out, mean, rstd = torch.ops.fusednorm.layer_norm_fwd(x, weight, bias, 1e-5)
+        torch.library.opcheck(torch.ops.fusednorm.norm_fwd.default, (x, None, weight, bias, 1e-5, True))
+        out, _, mean, rstd = torch.ops.fusednorm.norm_fwd(x, None, weight, bias, 1e-5, True)
         dy = random_input(x.shape, x.dtype, device, seed=5)
         torch.library.opcheck(
-            torch.ops.fusednorm.layer_norm_bwd.default, (dy, x, mean, rstd, weight, bias)
+            torch.ops.fusednorm.norm_bwd.default, (dy, None, x, mean, rstd, weight, bias, True)
         )
 
 
@@ -85,7 +85,7 @@ def test_compiled_graphs_call_the_fused_ops(device):
     fw = "\n".join(g.code for g in backend.fw_graphs)
     bw = "\n".join(g.code for g in backend.bw_graphs)
     assert "fusednorm.layer_norm.default" in fw
-    assert "fusednorm.layer_norm_bwd" in bw
+    assert "fusednorm.norm_bwd" in bw
     assert "native_layer_norm" not in fw + bw
 
 

@@ -1,5 +1,5 @@
 """The CUDA norm-family kernels' logic, run without a GPU (select with `pytest -k emulat`):
-tests/emulation compiles csrc/cuda/layer_norm_kernels.cuh (launchers and kernels) as host
+tests/emulation compiles csrc/cuda/norm_kernels.cuh (launchers and kernels) as host
 C++ against an emulation of the CUDA built-ins they use, and runs every size bucket, the
 chunked long-row paths, odd sizes, misaligned views and every parameter case against a
 float64 reference, in three thread schedules: LayerNorm fully, and RMSNorm and the residual
@@ -59,7 +59,7 @@ def sources(csrc=os.path.join(REPO, "csrc")):
 
 
 def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
-    """Compiles tests/emulation/layer_norm_emulated.cpp against `csrc`; returns the binary."""
+    """Compiles tests/emulation/norm_emulated.cpp against `csrc`; returns the binary."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         if os.environ.get("FUSEDNORM_REQUIRE_EMULATION") == "1":
@@ -71,7 +71,7 @@ def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
     for path in sources(csrc):
         with open(path, "rb") as f:
             digest.update(path.encode() + f.read())
-    binary = os.path.join(out_dir, f"layer_norm_emulated-{digest.hexdigest()[:16]}")
+    binary = os.path.join(out_dir, f"norm_emulated-{digest.hexdigest()[:16]}")
     os.makedirs(out_dir, exist_ok=True)
     # One compile per binary, also under pytest-xdist: the other processes wait for it
     # (14 workers compiling at once on a 16-core GPU machine took over 200 s each).
@@ -79,7 +79,7 @@ def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(binary):
             tmp = f"{binary}.{os.getpid()}.tmp"
-            cmd = [compiler, *flags, os.path.join(EMULATION, "layer_norm_emulated.cpp"), "-o", tmp]
+            cmd = [compiler, *flags, os.path.join(EMULATION, "norm_emulated.cpp"), "-o", tmp]
             done = subprocess.run(cmd, capture_output=True, text=True)
             assert done.returncode == 0, f"emulation build failed:\n{' '.join(cmd)}\n{done.stderr[-6000:]}"
             os.replace(tmp, binary)
@@ -98,7 +98,7 @@ def run_cases(binary, lines, timeout=600):
 
 
 # The largest bucket's row length in elements (chunks are cut beyond it), per pass and
-# path: csrc/cuda/layer_norm_kernels.cuh's tables (the forward's 8192 packs of 16 bytes or
+# path: csrc/cuda/norm_config.cuh's tables (the forward's 8192 packs of 16 bytes or
 # 8192 elements; the backward's 1024 packs for 16-bit inputs, else 2048, or 4096 elements).
 def largest_row(pass_, t, vectorized):
     vec = 16 // SIZE[t]
@@ -333,7 +333,7 @@ def test_emulation_catches_a_missing_barrier(tmp_path):
     csrc copied and edited) give wrong results in the emulation."""
     csrc = tmp_path / "csrc"
     shutil.copytree(os.path.join(REPO, "csrc"), csrc)
-    kernels = csrc / "cuda" / "layer_norm_kernels.cuh"
+    kernels = csrc / "cuda" / "norm_kernels.cuh"
     text = kernels.read_text()
     stores = "      for (int k = 0; k < K; ++k) red[K * warp + k] = v[k];\n    }\n"
     barrier = stores + "    __syncthreads();\n"
@@ -349,7 +349,7 @@ def test_emulation_catches_a_misaligned_vector_access(harness, tmp_path):
     the dispatch is edited to take the vector path for a misaligned x."""
     csrc = tmp_path / "csrc"
     shutil.copytree(os.path.join(REPO, "csrc"), csrc)
-    kernels = csrc / "cuda" / "layer_norm_kernels.cuh"
+    kernels = csrc / "cuda" / "norm_kernels.cuh"
     text = kernels.read_text()
     check = "a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y)"
     assert check in text, "the forward's alignment dispatch moved: update this test"

@@ -47,22 +47,23 @@ def test_python_errors_name_the_argument(call, error, pattern):
 @pytest.mark.parametrize(
     "call, pattern",
     [
-        (lambda: ops.layer_norm_fwd(torch.randn(2, 3, 4), None, None, 1e-5), "input must be 2-D"),
-        (lambda: ops.layer_norm_fwd(torch.randn(4, 6)[:, ::2], None, None, 1e-5), "contiguous"),
-        (lambda: ops.layer_norm_fwd(torch.randn(4, 6), torch.ones(5), None, 1e-5), "weight"),
-        (lambda: ops.layer_norm_fwd(torch.randn(4, 6), None, None, -1.0), "eps"),
-        (lambda: ops.layer_norm_fwd(torch.ones(4, 6, dtype=torch.int64), None, None, 1e-5), "input"),
+        (lambda: ops.norm_fwd(torch.randn(2, 3, 4), None, None, None, 1e-5, True), "input must be 2-D"),
+        (lambda: ops.norm_fwd(torch.randn(4, 6)[:, ::2], None, None, None, 1e-5, True), "contiguous"),
+        (lambda: ops.norm_fwd(torch.randn(4, 6), None, torch.ones(5), None, 1e-5, True), "weight"),
+        (lambda: ops.norm_fwd(torch.randn(4, 6), None, None, None, -1.0, True), "eps"),
+        (lambda: ops.norm_fwd(torch.ones(4, 6, dtype=torch.int64), None, None, None, 1e-5, True), "input"),
         (
-            lambda: ops.layer_norm_bwd(torch.randn(4, 5), torch.randn(4, 6), torch.zeros(4), torch.ones(4), None, None),
+            lambda: ops.norm_bwd(torch.randn(4, 5), None, torch.randn(4, 6), torch.zeros(4), torch.ones(4), None, None, True),
             "grad_out",
         ),
         (
-            lambda: ops.layer_norm_bwd(torch.randn(4, 6), torch.randn(4, 6), torch.zeros(3), torch.ones(4), None, None),
+            lambda: ops.norm_bwd(torch.randn(4, 6), None, torch.randn(4, 6), torch.zeros(3), torch.ones(4), None, None, True),
             "mean",
         ),
         (
-            lambda: ops.layer_norm_bwd(
-                torch.randn(4, 6), torch.randn(4, 6), torch.zeros(4), torch.ones(4, dtype=torch.float64), None, None
+            lambda: ops.norm_bwd(
+                torch.randn(4, 6), None, torch.randn(4, 6), torch.zeros(4),
+                torch.ones(4, dtype=torch.float64), None, None, True,
             ),
             "rstd",
         ),

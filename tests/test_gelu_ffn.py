@@ -71,33 +71,52 @@ def _check_all(fused, eager, ref, dtype, names, rows=1):
         assert_close_three_way(f, e, r, dtype, what=name, atol=atol)
 
 
-# --- results and gradients ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("approximate", APPROXIMATE)
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("batch,d,hidden", SHAPES)
-def test_ffn_matches_eager(device, dtype, approximate, bias, batch, d, hidden):
-    fused, eager = _ffn_module_pair(d, hidden, bias, approximate, dtype, device)
+def _check_against_eager(fused, eager, eager_fn, reference_fn, batch, d, dtype, device):
+    """fused(x), eager_fn(x) (eager: the module whose parameters it uses) and
+    reference_fn(x64, params64) in float64, and their gradients, checked three-way."""
     x = random_input((*batch, d), dtype, device).requires_grad_()
     dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
-
     y = fused(x)
-    y_eager = eager(x)
+    y_eager = eager_fn(x)
     x64, *p64 = _float64_leaves([x, *_params(fused)])
-    y64 = reference.gelu_ffn(x64, *(p64 if bias else [p64[0], None, p64[1], None]), approximate)
-    names = ["dx"] + [n for n, _ in fused.named_parameters()]
+    y64 = reference_fn(x64, p64)
     _check_all([y], [y_eager], [y64], dtype, ["output"])
     _check_all(
         _grads(y, [x, *_params(fused)], dy),
         _grads(y_eager, [x, *_params(eager)], dy),
         _grads(y64, [x64, *p64], dy.double()),
         dtype,
-        names,
+        ["dx"] + [n for n, _ in fused.named_parameters()],
         rows=x.numel() // d,
     )
+
+
+def _eager_grid(test):
+    """The grid of the matches-eager tests: device, dtype, approximate, bias, shapes."""
+    marks = [
+        pytest.mark.parametrize("device", DEVICES),
+        pytest.mark.parametrize("dtype", DTYPES),
+        pytest.mark.parametrize("approximate", APPROXIMATE),
+        pytest.mark.parametrize("bias", [True, False]),
+        pytest.mark.parametrize("batch,d,hidden", SHAPES),
+    ]
+    for mark in reversed(marks):
+        test = mark(test)
+    return test
+
+
+# --- results and gradients ---------------------------------------------------------------
+
+
+@_eager_grid
+def test_ffn_matches_eager(device, dtype, approximate, bias, batch, d, hidden):
+    fused, eager = _ffn_module_pair(d, hidden, bias, approximate, dtype, device)
+
+    def ref(x64, p64):
+        return reference.gelu_ffn(x64, *(p64 if bias else [p64[0], None, p64[1], None]),
+                                  approximate)
+
+    _check_against_eager(fused, eager, eager, ref, batch, d, dtype, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -196,31 +215,16 @@ def _block_pair(d, hidden, bias, approximate, dtype, device):
     return block, nn.Sequential(norm, *eager_ffn)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("approximate", APPROXIMATE)
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("batch,d,hidden", SHAPES)
+@_eager_grid
 def test_layer_norm_block_matches_eager(device, dtype, approximate, bias, batch, d, hidden):
     block, eager = _block_pair(d, hidden, bias, approximate, dtype, device)
-    x = random_input((*batch, d), dtype, device).requires_grad_()
-    dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
 
-    y = block(x)
-    y_eager = x + eager(x)
-    x64, *p64 = _float64_leaves([x, *_params(block)])
-    ln_w, ln_b, w1, *rest = p64
-    ffn64 = [w1, rest[0], rest[1], rest[2]] if bias else [w1, None, rest[0], None]
-    y64 = reference.layer_norm_gelu_ffn(x64, ln_w, ln_b, 1e-5, *ffn64, approximate)
-    _check_all([y], [y_eager], [y64], dtype, ["output"])
-    _check_all(
-        _grads(y, [x, *_params(block)], dy),
-        _grads(y_eager, [x, *_params(eager)], dy),
-        _grads(y64, [x64, *p64], dy.double()),
-        dtype,
-        ["dx"] + [n for n, _ in block.named_parameters()],
-        rows=x.numel() // d,
-    )
+    def ref(x64, p64):
+        ln_w, ln_b, w1, *rest = p64
+        ffn64 = [w1, rest[0], rest[1], rest[2]] if bias else [w1, None, rest[0], None]
+        return reference.layer_norm_gelu_ffn(x64, ln_w, ln_b, 1e-5, *ffn64, approximate)
+
+    _check_against_eager(block, eager, lambda x: x + eager(x), ref, batch, d, dtype, device)
 
 
 def _block_gradient_errors(x, seed=5):
@@ -374,7 +378,7 @@ def test_compiled_graphs_call_the_fused_ops(device, block):
     assert "aten.gelu" not in fw + bw and "aten.mm" not in fw + bw
     if block:
         assert "fusednorm.layer_norm_gelu_ffn.default" in fw
-        assert "fusednorm.layer_norm_apply" in bw and "fusednorm.layer_norm_bwd" in bw
+        assert "fusednorm.layer_norm_apply" in bw and "fusednorm.norm_bwd" in bw
     else:
         assert "fusednorm.gelu_ffn.default" in fw
 

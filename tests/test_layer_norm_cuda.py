@@ -56,8 +56,8 @@ def params(N, affine, dtype, device="cuda"):
 
 def run_ops(x, weight, bias, dy, eps=1e-5):
     """(out, mean, rstd, dx, dweight, dbias) from the two ops directly."""
-    out, mean, rstd = ops.layer_norm_fwd(x, weight, bias, eps)
-    dx, dw, db = ops.layer_norm_bwd(dy, x, mean, rstd, weight, bias)
+    out, _, mean, rstd = ops.norm_fwd(x, None, weight, bias, eps, True)
+    dx, dw, db = ops.norm_bwd(dy, None, x, mean, rstd, weight, bias, True)
     return out, mean, rstd, dx, dw, db
 
 
@@ -299,10 +299,10 @@ def test_opcheck(M, N, dtype, param_dtype):
     w = random_input((N,), param_dtype, "cuda", seed=1)
     b = random_input((N,), param_dtype, "cuda", seed=2)
     for weight, bias in [(w, b), (w, None), (None, b), (None, None)]:
-        torch.library.opcheck(ops.layer_norm_fwd.default, (x, weight, bias, 1e-5))
-        out, mean, rstd = ops.layer_norm_fwd(x, weight, bias, 1e-5)
+        torch.library.opcheck(ops.norm_fwd.default, (x, None, weight, bias, 1e-5, True))
+        out, _, mean, rstd = ops.norm_fwd(x, None, weight, bias, 1e-5, True)
         dy = random_input((M, N), dtype, "cuda", seed=5)
-        torch.library.opcheck(ops.layer_norm_bwd.default, (dy, x, mean, rstd, weight, bias))
+        torch.library.opcheck(ops.norm_bwd.default, (dy, None, x, mean, rstd, weight, bias, True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -328,17 +328,17 @@ def test_cpu_and_cuda_agree(dtype, N):
 def test_side_stream_and_device_guard():
     """Work goes to the current stream of the input's device."""
     x = random_input((64, 1024), torch.float32, "cuda")
-    expected = ops.layer_norm_fwd(x, None, None, 1e-5)[0]
+    expected = ops.norm_fwd(x, None, None, None, 1e-5, True)[0]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        out = ops.layer_norm_fwd(x, None, None, 1e-5)[0]
+        out = ops.norm_fwd(x, None, None, None, 1e-5, True)[0]
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(out, expected)
     if torch.cuda.device_count() > 1:
         x1 = x.to("cuda:1")
         with torch.cuda.device(0):
-            out1 = ops.layer_norm_fwd(x1, None, None, 1e-5)[0]
+            out1 = ops.norm_fwd(x1, None, None, None, 1e-5, True)[0]
         assert out1.device == x1.device
         assert torch.equal(out1.cpu(), expected.cpu())
 
@@ -346,10 +346,10 @@ def test_side_stream_and_device_guard():
 @pytest.mark.parametrize(
     "call, pattern",
     [
-        (lambda x: ops.layer_norm_fwd(x, torch.ones(8), None, 1e-5), "weight is on cpu"),
-        (lambda x: ops.layer_norm_fwd(x, None, torch.ones(8), 1e-5), "bias is on cpu"),
-        (lambda x: ops.layer_norm_bwd(x, x, torch.zeros(4), torch.ones(4, device="cuda"), None, None), "mean"),
-        (lambda x: ops.layer_norm_bwd(x.cpu(), x, torch.zeros(4, device="cuda"), torch.ones(4, device="cuda"), None, None), "grad_out"),
+        (lambda x: ops.norm_fwd(x, None, torch.ones(8), None, 1e-5, True), "weight is on cpu"),
+        (lambda x: ops.norm_fwd(x, None, None, torch.ones(8), 1e-5, True), "bias is on cpu"),
+        (lambda x: ops.norm_bwd(x, None, x, torch.zeros(4), torch.ones(4, device="cuda"), None, None, True), "mean"),
+        (lambda x: ops.norm_bwd(x.cpu(), None, x, torch.zeros(4, device="cuda"), torch.ones(4, device="cuda"), None, None, True), "grad_out"),
     ],
 )
 def test_device_mismatch_errors(call, pattern):

@@ -14,7 +14,7 @@ from test_layer_norm import check_forward_backward, make_params
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 # Largest row a block holds, in elements, with 16-byte packs: forward 8192 packs, backward
-# 1024 packs (16-bit) or 2048 (float, double); see csrc/cuda/layer_norm_kernels.cuh.
+# 1024 packs (16-bit) or 2048 (float, double); see csrc/cuda/norm_kernels.cuh.
 PACK = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4, torch.float64: 2}
 BWD_PACKS = {torch.float16: 1024, torch.bfloat16: 1024, torch.float32: 2048, torch.float64: 2048}
 
@@ -54,8 +54,8 @@ def test_long_rows_bitwise_deterministic(dtype):
     dy = random_input((5, N), dtype, "cuda", scale=1.0, shift=0.0, seed=3)
     runs = []
     for _ in range(2):
-        out, mean, rstd = torch.ops.fusednorm.layer_norm_fwd(x, weight, bias, 1e-5)
-        grads = torch.ops.fusednorm.layer_norm_bwd(dy, x, mean, rstd, weight, bias)
+        out, _, mean, rstd = torch.ops.fusednorm.norm_fwd(x, None, weight, bias, 1e-5, True)
+        grads = torch.ops.fusednorm.norm_bwd(dy, None, x, mean, rstd, weight, bias, True)
         runs.append((out, mean, rstd, *grads))
     for a, b in zip(*runs):
         assert torch.equal(a, b)

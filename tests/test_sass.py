@@ -95,11 +95,11 @@ def test_sass_vector_kernels_store_16_bytes():
 
 
 def test_sass_no_local_memory_in_norm_kernels():
-    """No spills (stack frame, local memory, LDL/STL) in any LayerNorm kernel, float64 ones
-    included."""
+    """No spills (stack frame, local memory, LDL/STL) in any norm-family kernel (LayerNorm,
+    RMSNorm, the apply kernels), float64 ones included."""
     bad = []
     for k in kernels().values():
-        if "layer_norm" not in k.name and "sum_partial_rows" not in k.name:
+        if "norm_" not in k.name and "sum_partial_rows" not in k.name:
             continue
         spill_ops = sum(n for op, n in k.ops.items() if op.startswith(("LDL", "STL")))
         if k.stack or k.local or spill_ops:

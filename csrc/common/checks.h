@@ -1,7 +1,7 @@
 #pragma once
-// Argument checks shared by every backend of an op. The Python layer checks first and
-// names the user's arguments; these guard direct torch.ops calls so that no kernel ever
-// sees a tensor it would read out of bounds.
+// Argument checks of the backend ops, shared by every backend. The public ops check first
+// with the user's argument names (public_checks.h); these guard direct torch.ops calls so
+// that no kernel ever sees a tensor it would read out of bounds.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
@@ -16,7 +16,14 @@ inline bool is_reduced_float(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16;
 }
 
-// Parameters may be the input's dtype, or fp32 for fp16/bf16 inputs (mixed precision).
+// The one rule for the dtype of a parameter (weight, bias): the input's, or float32 beside a
+// float16/bfloat16 input (mixed precision: parameters kept in float32). Every check of the
+// public ops (public_checks.h) and of the backend ops asks it; dispatch.h instantiates
+// exactly these pairs.
+inline bool param_dtype_allowed(at::ScalarType input, at::ScalarType param) {
+  return param == input || (param == at::kFloat && is_reduced_float(input));
+}
+
 inline void check_param(const std::optional<at::Tensor>& param, const char* name,
                         const at::Tensor& input, int64_t N) {
   if (!param.has_value() || !param->defined()) return;
@@ -25,9 +32,8 @@ inline void check_param(const std::optional<at::Tensor>& param, const char* name
               " must be a 1-D tensor of ", N, " elements, got shape ", p.sizes());
   TORCH_CHECK(p.device() == input.device(), "fusednorm: ", name, " is on ", p.device(),
               " but input is on ", input.device());
-  TORCH_CHECK(p.scalar_type() == input.scalar_type() ||
-                  (p.scalar_type() == at::kFloat && is_reduced_float(input.scalar_type())),
-              "fusednorm: ", name, " must have the input's dtype (", input.scalar_type(),
+  TORCH_CHECK(param_dtype_allowed(input.scalar_type(), p.scalar_type()), "fusednorm: ", name,
+              " must have the input's dtype (", input.scalar_type(),
               ") or float32 for a float16/bfloat16 input, got ", p.scalar_type());
   TORCH_CHECK(p.is_contiguous(), "fusednorm: ", name, " must be contiguous");
 }
@@ -80,33 +86,6 @@ inline void check_stats(const at::Tensor& stat, const char* name, const at::Tens
               " must be contiguous and on ", input.device());
 }
 
-inline void check_layer_norm_fwd_args(const at::Tensor& input,
-                                      const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias, double eps) {
-  check_rows(input, "input");
-  TORCH_CHECK(eps >= 0.0, "fusednorm: eps must be >= 0, got ", eps);
-  check_params(weight, bias, input);
-}
-
-inline void check_layer_norm_bwd_args(const at::Tensor& grad_out, const at::Tensor& input,
-                                      const at::Tensor& mean, const at::Tensor& rstd,
-                                      const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias) {
-  check_rows(input, "input");
-  check_rows(grad_out, "grad_out");
-  TORCH_CHECK(grad_out.sizes() == input.sizes() && grad_out.scalar_type() == input.scalar_type(),
-              "fusednorm: grad_out must match input (", input.sizes(), ", ",
-              input.scalar_type(), "), got ", grad_out.sizes(), ", ", grad_out.scalar_type());
-  TORCH_CHECK(grad_out.device() == input.device(), "fusednorm: grad_out is on ",
-              grad_out.device(), " but input is on ", input.device());
-  check_stats(mean, "mean", input);
-  check_stats(rstd, "rstd", input);
-  check_params(weight, bias, input);
-}
-
-}  // namespace fusednorm
-
-namespace fusednorm {
 
 // A tensor that must match input exactly: shape, dtype, device, contiguous rows.
 inline void check_like_input(const at::Tensor& t, const char* name, const at::Tensor& input) {
@@ -123,7 +102,9 @@ inline void check_norm_fwd_args(const at::Tensor& input, const std::optional<at:
                                 const std::optional<at::Tensor>& weight,
                                 const std::optional<at::Tensor>& bias, double eps,
                                 bool centered) {
-  check_layer_norm_fwd_args(input, weight, bias, eps);
+  check_rows(input, "input");
+  TORCH_CHECK(eps >= 0.0, "fusednorm: eps must be >= 0, got ", eps);
+  check_params(weight, bias, input);
   TORCH_CHECK(centered || !given(bias), "fusednorm: RMSNorm (centered=False) takes no bias");
   if (given(residual)) check_like_input(*residual, "residual", input);
 }

@@ -1,7 +1,7 @@
 #pragma once
 // dtype dispatch for ops that take an input and optional parameters (weight, bias).
-// Parameters have the input's dtype, or float for a half/bfloat16 input (checks.h), so
-// only those pairs are instantiated.
+// Parameters have the input's dtype, or float for a half/bfloat16 input
+// (param_dtype_allowed, checks.h), so only those pairs are instantiated.
 
 #include <ATen/Dispatch.h>
 

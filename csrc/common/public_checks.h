@@ -5,6 +5,7 @@
 // call, before any reshape, so every path (eager, inference mode, compiled graphs) gets
 // the same messages. Arguments of the wrong Python type never reach here: the op's schema
 // rejects them and fusednorm/functional.py turns that into a TypeError naming them.
+// Python does not repeat these: it only explains a rejection by the schema.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
@@ -47,8 +48,8 @@ inline void check_public_input(const char* fn, const at::Tensor& input) {
                    python_dtype(input.scalar_type()));
 }
 
-// A LayerNorm weight or bias: normalized_shape, on input's device, input's dtype or
-// float32 for a float16/bfloat16 input.
+// A LayerNorm weight or bias: normalized_shape, on input's device, a dtype that
+// param_dtype_allowed (checks.h) accepts.
 inline void check_norm_param(const char* fn, const char* name,
                              const std::optional<at::Tensor>& param, const at::Tensor& input,
                              at::IntArrayRef shape) {
@@ -58,8 +59,7 @@ inline void check_norm_param(const char* fn, const char* name,
                     shape, ", got ", p.sizes());
   TORCH_CHECK(p.device() == input.device(), fn, ": ", name, " is on ", p.device(),
               " but input is on ", input.device());
-  const bool mixed_ok = is_reduced_float(input.scalar_type()) && p.scalar_type() == at::kFloat;
-  TORCH_CHECK_TYPE(p.scalar_type() == input.scalar_type() || mixed_ok, fn, ": ", name,
+  TORCH_CHECK_TYPE(param_dtype_allowed(input.scalar_type(), p.scalar_type()), fn, ": ", name,
                    " must have the input's dtype (", python_dtype(input.scalar_type()),
                    ") or float32 for a float16/bfloat16 input, got ",
                    python_dtype(p.scalar_type()));

@@ -182,18 +182,6 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
   return {grad_input, grad_weight, grad_bias};
 }
 
-Tensor3 layer_norm_fwd(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias,
-                       double eps) {
-  auto [out, sum, mean, rstd] = norm_fwd(input, std::nullopt, weight, bias, eps, true);
-  return {out, mean, rstd};
-}
-
-Tensor3 layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input,
-                       const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight,
-                       const OptTensor& bias) {
-  return norm_bwd(grad_out, std::nullopt, input, mean, rstd, weight, bias, true);
-}
-
 at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
                             const at::Tensor& rstd, const OptTensor& weight,
                             const OptTensor& bias) {
@@ -225,7 +213,5 @@ at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
 TORCH_LIBRARY_IMPL(fusednorm, CPU, m) {
   m.impl("norm_fwd", &fusednorm::cpu::norm_fwd);
   m.impl("norm_bwd", &fusednorm::cpu::norm_bwd);
-  m.impl("layer_norm_fwd", &fusednorm::cpu::layer_norm_fwd);
-  m.impl("layer_norm_bwd", &fusednorm::cpu::layer_norm_bwd);
   m.impl("layer_norm_apply", &fusednorm::cpu::layer_norm_apply);
 }

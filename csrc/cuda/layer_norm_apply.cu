@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
     PackT yv;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      // As the forward computes it (layer_norm_kernels.cuh), bit for bit: the explicit
+      // As the forward computes it (norm_kernels.cuh), bit for bit: the explicit
       // fmas leave the compiler no choice of contraction.
       acc_t v = fma_acc(static_cast<acc_t>(xv.v[j]) - row_mean, row_rstd, neg_rest_scaled);
       if constexpr (kWeight && kBias) {

@@ -11,14 +11,9 @@ namespace fusednorm {
 namespace {
 
 using namespace norm_family;
-using Sig = Outputs(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                    const OptTensor&, double);
 constexpr NormKind kKind{"fusednorm.add_layer_norm", /*centered=*/true, /*residual=*/true};
 
-const auto& op() {
-  static const auto handle = fusednorm_op<Sig>("fusednorm::add_layer_norm");
-  return handle;
-}
+const auto& op() { return public_ops::add_layer_norm(); }
 
 Outputs rows(const at::Tensor& input, const at::Tensor& residual,
              c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
@@ -38,12 +33,10 @@ Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
 Outputs autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                       c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                       const OptTensor& bias, double eps) {
-  static const auto layer_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, const OptTensor&, double)>(
-      "fusednorm::layer_norm");
   check_residual(kKind, input, residual);
   const at::Tensor sum = at::add(input, residual);
-  auto [out, mean, rstd] = layer_norm.call(sum, normalized_shape, weight, bias, eps);
+  auto [out, mean, rstd] =
+      public_ops::layer_norm().call(sum, normalized_shape, weight, bias, eps);
   return {out, sum, mean, rstd};
 }
 

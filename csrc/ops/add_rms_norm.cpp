@@ -12,14 +12,9 @@ namespace {
 
 using namespace norm_family;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // out, sum, rstd
-using Sig = Result(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                   std::optional<double>);
 constexpr NormKind kKind{"fusednorm.add_rms_norm", /*centered=*/false, /*residual=*/true};
 
-const auto& op() {
-  static const auto handle = fusednorm_op<Sig>("fusednorm::add_rms_norm");
-  return handle;
-}
+const auto& op() { return public_ops::add_rms_norm(); }
 
 Result rows(const at::Tensor& input, const at::Tensor& residual,
             c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
@@ -47,12 +42,9 @@ Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
 Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                      c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                      std::optional<double> eps) {
-  static const auto rms_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, std::optional<double>)>(
-      "fusednorm::rms_norm");
   check_residual(kKind, input, residual);
   const at::Tensor sum = at::add(input, residual);
-  auto [out, rstd] = rms_norm.call(sum, normalized_shape, weight, eps);
+  auto [out, rstd] = public_ops::rms_norm().call(sum, normalized_shape, weight, eps);
   return {out, sum, rstd};
 }
 

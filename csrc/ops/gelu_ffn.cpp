@@ -15,15 +15,13 @@
 #include "common/op_support.h"
 #include "common/public_checks.h"
 #include "ops/differentiable_formulas.h"
-#include "ops/row_ops.h"
+#include "ops/op_handles.h"
 
 namespace fusednorm {
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 using Result = std::tuple<at::Tensor, at::Tensor>;
-using GeluFFNSig = Result(const at::Tensor&, const at::Tensor&, const OptTensor&,
-                          const at::Tensor&, const OptTensor&, c10::string_view);
 
 Result gelu_ffn_rows(const at::Tensor& input, const at::Tensor& weight1, const OptTensor& bias1,
                      const at::Tensor& weight2, const OptTensor& bias2,
@@ -81,7 +79,7 @@ struct GeluFFNBackward : public SavedListNode {
 Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
                          const OptTensor& bias1, const at::Tensor& weight2,
                          const OptTensor& bias2, c10::string_view approximate) {
-  static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
+  const auto& op = public_ops::gelu_ffn();
   const auto below = [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(input, weight1, bias1, weight2, bias2, approximate);
@@ -111,7 +109,7 @@ template <c10::DeviceType kDevice>
 Result gelu_ffn_autocast(const at::Tensor& input, const at::Tensor& weight1,
                          const OptTensor& bias1, const at::Tensor& weight2,
                          const OptTensor& bias2, c10::string_view approximate) {
-  static const auto op = fusednorm_op<GeluFFNSig>("fusednorm::gelu_ffn");
+  const auto& op = public_ops::gelu_ffn();
   c10::impl::ExcludeDispatchKeyGuard no_autocast(
       at::autocast::get_autocast_dispatch_key_from_device_type(kDevice));
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);

@@ -11,14 +11,9 @@ namespace {
 
 using namespace norm_family;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // out, mean, rstd
-using Sig = Result(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, const OptTensor&,
-                   double);
 constexpr NormKind kKind{"fusednorm.layer_norm", /*centered=*/true, /*residual=*/false};
 
-const auto& op() {
-  static const auto handle = fusednorm_op<Sig>("fusednorm::layer_norm");
-  return handle;
-}
+const auto& op() { return public_ops::layer_norm(); }
 
 Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
             const OptTensor& weight, const OptTensor& bias, double eps) {

@@ -16,16 +16,13 @@
 #include "common/op_support.h"
 #include "common/public_checks.h"
 #include "ops/differentiable_formulas.h"
-#include "ops/row_ops.h"
+#include "ops/op_handles.h"
 
 namespace fusednorm {
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using BlockSig = Result(const at::Tensor&, const OptTensor&, const OptTensor&, double,
-                        const at::Tensor&, const OptTensor&, const at::Tensor&,
-                        const OptTensor&, c10::string_view);
 constexpr const char* kName = "fusednorm.layer_norm_gelu_ffn";
 
 // The residual connection needs out_features == d_model.
@@ -46,8 +43,9 @@ Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const Opt
   check_layer_norm_call(kName, input, input.sizes().slice(input.dim() - 1), ln_weight, ln_bias,
                         eps);
   const at::Tensor x = as_rows(input, 1);
-  auto [normed, mean, rstd] =
-      row_ops::layer_norm_fwd().call(x, contiguous_or_none(ln_weight), contiguous_or_none(ln_bias), eps);
+  auto [normed, sum, mean, rstd] = row_ops::norm_fwd().call(
+      x, std::nullopt, contiguous_or_none(ln_weight), contiguous_or_none(ln_bias), eps,
+      /*centered=*/true);
   auto [y, hidden] = row_ops::gelu_ffn_fwd().call(normed, weight1.contiguous(),
                                                   contiguous_or_none(bias1), weight2.contiguous(),
                                                   contiguous_or_none(bias2), approximate);
@@ -101,7 +99,8 @@ struct BlockBackward : public SavedListNode {
         bias2.defined(), approximate_);
     normed.reset();  // free it before the LayerNorm backward allocates
     auto [grad_x, grad_ln_w, grad_ln_b] =
-        row_ops::layer_norm_bwd().call(grad_normed, x, mean, rstd, ln_w, ln_b);
+        row_ops::norm_bwd().call(grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b,
+                                 /*centered=*/true);
     const at::Tensor grad_input = shaped_like(at::add(grad_x, grad_rows), input.sizes());  // + the residual's
     return {grad_input,
             ln_weight.defined() ? grad_ln_w.view(ln_weight.sizes()) : at::Tensor(),
@@ -117,7 +116,7 @@ Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,
                       const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
                       const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
                       c10::string_view approximate) {
-  static const auto op = fusednorm_op<BlockSig>("fusednorm::layer_norm_gelu_ffn");
+  const auto& op = public_ops::layer_norm_gelu_ffn();
   const auto below = [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate);
@@ -151,12 +150,8 @@ Result block_autocast(const at::Tensor& input, const OptTensor& ln_weight,
                       const OptTensor& ln_bias, double eps, const at::Tensor& weight1,
                       const OptTensor& bias1, const at::Tensor& weight2, const OptTensor& bias2,
                       c10::string_view approximate) {
-  static const auto layer_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, const OptTensor&, double)>(
-      "fusednorm::layer_norm");
-  static const auto gelu_ffn = fusednorm_op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
-      const OptTensor&, c10::string_view)>("fusednorm::gelu_ffn");
+  const auto& layer_norm = public_ops::layer_norm();
+  const auto& gelu_ffn = public_ops::gelu_ffn();
   check_public_input(kName, input);
   TORCH_CHECK_VALUE(input.dim() >= 1, kName,
                     ": input must have at least one dim (the features), got a scalar");

@@ -18,7 +18,7 @@
 #include "common/op_support.h"
 #include "common/public_checks.h"
 #include "ops/differentiable_formulas.h"
-#include "ops/row_ops.h"
+#include "ops/op_handles.h"
 
 namespace fusednorm::norm_family {
 
@@ -53,7 +53,7 @@ inline void check_residual(const NormKind& kind, const at::Tensor& input,
 }
 
 // Below autograd, any backend: check, view as rows, run the backend kernel, give back the
-// input's shape. LayerNorm alone runs on layer_norm_fwd, the rest on norm_fwd.
+// input's shape.
 inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
                             const OptTensor& residual, c10::SymIntArrayRef normalized_shape,
                             const OptTensor& weight, const OptTensor& bias, double eps) {
@@ -62,14 +62,11 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
   if (kind.residual) check_residual(kind, input, *residual);
   const auto dims = static_cast<int64_t>(shape.size());
   const at::Tensor x = as_rows(input, dims);
-  if (kind.centered && !kind.residual) {
-    auto [out, mean, rstd] = row_ops::layer_norm_fwd().call(x, flat(weight), flat(bias), eps);
-    return {shaped_like(out, input.sizes()), at::Tensor(), mean, rstd};  // no sum
-  }
   const OptTensor r = kind.residual ? OptTensor(as_rows(*residual, dims)) : std::nullopt;
   auto [out, sum, mean, rstd] =
       row_ops::norm_fwd().call(x, r, flat(weight), flat(bias), eps, kind.centered);
-  if (kind.residual) sum = shaped_like(sum, input.sizes());
+  // Without a residual, sum is an empty placeholder: no sum output.
+  sum = kind.residual ? shaped_like(sum, input.sizes()) : at::Tensor();
   return {shaped_like(out, input.sizes()), sum, mean, rstd};
 }
 
@@ -159,14 +156,9 @@ struct NormBackward : public torch::autograd::Node {
     // backend op (which has no autograd kernel) would take the boxed not-implemented
     // fallback: about 3 us of a 4x64 LayerNorm forward+backward.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    if (kind_.centered && !kind_.residual) {
-      std::tie(grad_input, grad_weight, grad_bias) =
-          row_ops::layer_norm_bwd().call(dy, x, mean, rstd, flat(weight), flat(bias));
-    } else {
-      const OptTensor ds = grad_sum.defined() ? OptTensor(as_rows(grad_sum, dims_)) : std::nullopt;
-      std::tie(grad_input, grad_weight, grad_bias) = row_ops::norm_bwd().call(
-          dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered);
-    }
+    const OptTensor ds = grad_sum.defined() ? OptTensor(as_rows(grad_sum, dims_)) : std::nullopt;
+    std::tie(grad_input, grad_weight, grad_bias) = row_ops::norm_bwd().call(
+        dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered);
     grad_input = shaped_like(grad_input, normed_input.sizes());
     result[0] = grad_input;
     if (kind_.residual) result[1] = grad_input;  // d(input + residual) / d residual = 1

@@ -10,14 +10,9 @@ namespace {
 
 using namespace norm_family;
 using Result = std::tuple<at::Tensor, at::Tensor>;  // out, rstd
-using Sig = Result(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                   std::optional<double>);
 constexpr NormKind kKind{"fusednorm.rms_norm", /*centered=*/false, /*residual=*/false};
 
-const auto& op() {
-  static const auto handle = fusednorm_op<Sig>("fusednorm::rms_norm");
-  return handle;
-}
+const auto& op() { return public_ops::rms_norm(); }
 
 Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
             const OptTensor& weight, std::optional<double> eps) {

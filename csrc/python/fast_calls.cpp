@@ -13,6 +13,8 @@
 // or any C++ error (the torch.ops path raises it again, with fusednorm's explanation).
 // A Python exception raised inside the op (by a hook or a mode) propagates as is.
 //
+// One entry per public op of csrc/op_table.h, generated from its signature there.
+//
 // Built as its own extension against the full Python API and libtorch_python (fusednorm._C
 // is abi3 and links neither); its import is optional: without it every call takes the
 // torch.ops path.
@@ -27,8 +29,9 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
-#include "common/op_support.h"
+#include "ops/op_handles.h"
 
 namespace {
 
@@ -145,190 +148,128 @@ PyObject* run(const Call& call, const Wrap& wrap) {
   return wrap(std::move(result));
 }
 
-template <class Outputs>
-PyObject* wrap_first(Outputs&& outputs) {
-  return THPVariable_Wrap(std::move(std::get<0>(outputs)));
-}
+// One Python argument as the C++ type of the op's signature: parse() fills the value (an
+// owning form for lists and strings), pass() gives what op.call takes. A false parse()
+// means the argument is not of the plain type: NotImplemented.
+template <class Arg>
+struct ArgSlot;
 
-// (out, sum): the add_* ops' differentiable outputs.
-template <class Outputs>
-PyObject* wrap_out_and_sum(Outputs&& outputs) {
-  PyObject* pair = PyTuple_New(2);
-  if (pair == nullptr) return nullptr;
-  // PyTuple_SET_ITEM steals the references; a failed wrap leaves a NULL slot, which
-  // tuple deallocation skips.
-  PyTuple_SET_ITEM(pair, 0, THPVariable_Wrap(std::move(std::get<0>(outputs))));
-  PyTuple_SET_ITEM(pair, 1, THPVariable_Wrap(std::move(std::get<1>(outputs))));
-  if (PyTuple_GET_ITEM(pair, 0) == nullptr || PyTuple_GET_ITEM(pair, 1) == nullptr) {
-    Py_DECREF(pair);
+template <>
+struct ArgSlot<const at::Tensor&> {
+  at::Tensor value;
+  bool parse(PyObject* obj) { return tensor_arg(obj, value); }
+  const at::Tensor& pass() const { return value; }
+};
+
+template <>
+struct ArgSlot<const OptTensor&> {
+  OptTensor value;
+  bool parse(PyObject* obj) { return optional_tensor_arg(obj, value); }
+  const OptTensor& pass() const { return value; }
+};
+
+template <>
+struct ArgSlot<c10::SymIntArrayRef> {
+  c10::SmallVector<int64_t, 4> value;
+  bool parse(PyObject* obj) { return int_list_arg(obj, value); }
+  c10::SymIntArrayRef pass() const { return c10::fromIntArrayRefSlow(value); }
+};
+
+template <>
+struct ArgSlot<double> {
+  double value = 0;
+  bool parse(PyObject* obj) { return float_arg(obj, value); }
+  double pass() const { return value; }
+};
+
+template <>
+struct ArgSlot<std::optional<double>> {
+  std::optional<double> value;
+  bool parse(PyObject* obj) { return optional_float_arg(obj, value); }
+  std::optional<double> pass() const { return value; }
+};
+
+template <>
+struct ArgSlot<c10::string_view> {
+  std::string value;
+  bool parse(PyObject* obj) { return string_arg(obj, value); }
+  c10::string_view pass() const { return value; }
+};
+
+// The first kOutputs outputs of the op as Python objects: a Tensor, or a tuple of Tensors.
+template <class Outputs, std::size_t... I>
+PyObject* wrap_tuple(Outputs&& outputs, std::index_sequence<I...>) {
+  PyObject* tuple = PyTuple_New(sizeof...(I));
+  if (tuple == nullptr) return nullptr;
+  // PyTuple_SET_ITEM steals the references; a failed wrap leaves a NULL slot, which tuple
+  // deallocation skips.
+  (PyTuple_SET_ITEM(tuple, I, THPVariable_Wrap(std::move(std::get<I>(outputs)))), ...);
+  if (((PyTuple_GET_ITEM(tuple, I) == nullptr) || ...)) {
+    Py_DECREF(tuple);
     return nullptr;
   }
-  return pair;
+  return tuple;
 }
 
-bool arg_count(Py_ssize_t nargs, Py_ssize_t expected, const char* name) {
-  if (nargs == expected) return true;
-  PyErr_Format(PyExc_TypeError, "fusednorm._fast.%s takes %zd arguments (%zd given)", name,
-               expected, nargs);
-  return false;
-}
-
-using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
-using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-// layer_norm(input, normalized_shape, weight, bias, eps) -> out
-PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 5, "layer_norm")) return nullptr;
-  at::Tensor input;
-  c10::SmallVector<int64_t, 4> shape;
-  OptTensor weight, bias;
-  double eps = 0;
-  if (!tensor_arg(args[0], input) || !int_list_arg(args[1], shape) ||
-      !optional_tensor_arg(args[2], weight) || !optional_tensor_arg(args[3], bias) ||
-      !float_arg(args[4], eps)) {
-    return not_implemented();
+template <int kOutputs, class Outputs>
+PyObject* wrap_outputs(Outputs&& outputs) {
+  if constexpr (kOutputs == 1) {
+    return THPVariable_Wrap(std::move(std::get<0>(outputs)));
+  } else {
+    return wrap_tuple(std::move(outputs), std::make_index_sequence<kOutputs>{});
   }
-  using Sig = Tensor3(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                      const OptTensor&, double);
-  return run(
-      [&] {
-        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::layer_norm");
-        return op.call(input, c10::fromIntArrayRefSlow(shape), weight, bias, eps);
-      },
-      [](auto&& r) { return wrap_first(std::move(r)); });
 }
 
-// rms_norm(input, normalized_shape, weight, eps) -> out
-PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 4, "rms_norm")) return nullptr;
-  at::Tensor input;
-  c10::SmallVector<int64_t, 4> shape;
-  OptTensor weight;
-  std::optional<double> eps;
-  if (!tensor_arg(args[0], input) || !int_list_arg(args[1], shape) ||
-      !optional_tensor_arg(args[2], weight) || !optional_float_arg(args[3], eps)) {
-    return not_implemented();
+// The direct entry of the public op `Op` (an op_table.h row, below): its arguments read
+// by their types in the op's signature, one typed call of its handle, its first
+// kOutputs outputs.
+template <class Op, class Signature = typename Op::Signature>
+struct Entry;
+
+template <class Op, class Result, class... Args>
+struct Entry<Op, Result(Args...)> {
+  static PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    constexpr Py_ssize_t kArgs = sizeof...(Args);
+    if (nargs != kArgs) {
+      PyErr_Format(PyExc_TypeError, "fusednorm._fast.%s takes %zd arguments (%zd given)",
+                   Op::kName, kArgs, nargs);
+      return nullptr;
+    }
+    return call_with(args, std::index_sequence_for<Args...>{});
   }
-  using Sig = Tensor2(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                      std::optional<double>);
-  return run(
-      [&] {
-        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::rms_norm");
-        return op.call(input, c10::fromIntArrayRefSlow(shape), weight, eps);
-      },
-      [](auto&& r) { return wrap_first(std::move(r)); });
-}
 
-// add_layer_norm(input, residual, normalized_shape, weight, bias, eps) -> (out, sum)
-PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 6, "add_layer_norm")) return nullptr;
-  at::Tensor input, residual;
-  c10::SmallVector<int64_t, 4> shape;
-  OptTensor weight, bias;
-  double eps = 0;
-  if (!tensor_arg(args[0], input) || !tensor_arg(args[1], residual) ||
-      !int_list_arg(args[2], shape) || !optional_tensor_arg(args[3], weight) ||
-      !optional_tensor_arg(args[4], bias) || !float_arg(args[5], eps)) {
-    return not_implemented();
+ private:
+  template <std::size_t... I>
+  static PyObject* call_with(PyObject* const* args, std::index_sequence<I...>) {
+    std::tuple<ArgSlot<Args>...> slots;
+    if (!(std::get<I>(slots).parse(args[I]) && ...)) return not_implemented();
+    return run([&] { return Op::handle().call(std::get<I>(slots).pass()...); },
+               [](auto&& r) { return wrap_outputs<Op::kOutputs>(std::move(r)); });
   }
-  using Sig = Tensor4(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef,
-                      const OptTensor&, const OptTensor&, double);
-  return run(
-      [&] {
-        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::add_layer_norm");
-        return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, bias, eps);
-      },
-      [](auto&& r) { return wrap_out_and_sum(std::move(r)); });
-}
+};
 
-// add_rms_norm(input, residual, normalized_shape, weight, eps) -> (out, sum)
-PyObject* add_rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 5, "add_rms_norm")) return nullptr;
-  at::Tensor input, residual;
-  c10::SmallVector<int64_t, 4> shape;
-  OptTensor weight;
-  std::optional<double> eps;
-  if (!tensor_arg(args[0], input) || !tensor_arg(args[1], residual) ||
-      !int_list_arg(args[2], shape) || !optional_tensor_arg(args[3], weight) ||
-      !optional_float_arg(args[4], eps)) {
-    return not_implemented();
-  }
-  using Sig = Tensor3(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef,
-                      const OptTensor&, std::optional<double>);
-  return run(
-      [&] {
-        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::add_rms_norm");
-        return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, eps);
-      },
-      [](auto&& r) { return wrap_out_and_sum(std::move(r)); });
-}
+// One row type per public op of op_table.h, and its method entry; the docstring is the
+// op's schema and how many of its outputs the entry returns.
+#define FUSEDNORM_FAST_OP(op_name, schema, signature, outputs)                               \
+  struct op_name##_row {                                                                     \
+    using Signature = fusednorm::op_table::op_name;                                          \
+    static constexpr const char* kName = #op_name;                                           \
+    static constexpr int kOutputs = outputs;                                                 \
+    static const auto& handle() { return fusednorm::public_ops::op_name(); }                 \
+  };
+FUSEDNORM_PUBLIC_OPS(FUSEDNORM_FAST_OP)
+#undef FUSEDNORM_FAST_OP
 
-// gelu_ffn(input, weight1, bias1, weight2, bias2, approximate) -> out
-PyObject* gelu_ffn(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 6, "gelu_ffn")) return nullptr;
-  at::Tensor input, weight1, weight2;
-  OptTensor bias1, bias2;
-  std::string approximate;
-  if (!tensor_arg(args[0], input) || !tensor_arg(args[1], weight1) ||
-      !optional_tensor_arg(args[2], bias1) || !tensor_arg(args[3], weight2) ||
-      !optional_tensor_arg(args[4], bias2) || !string_arg(args[5], approximate)) {
-    return not_implemented();
-  }
-  using Sig = Tensor2(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
-                      const OptTensor&, c10::string_view);
-  return run(
-      [&] {
-        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::gelu_ffn");
-        return op.call(input, weight1, bias1, weight2, bias2, approximate);
-      },
-      [](auto&& r) { return wrap_first(std::move(r)); });
-}
-
-// layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
-// approximate) -> out
-PyObject* layer_norm_gelu_ffn(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 9, "layer_norm_gelu_ffn")) return nullptr;
-  at::Tensor input, weight1, weight2;
-  OptTensor ln_weight, ln_bias, bias1, bias2;
-  double eps = 0;
-  std::string approximate;
-  if (!tensor_arg(args[0], input) || !optional_tensor_arg(args[1], ln_weight) ||
-      !optional_tensor_arg(args[2], ln_bias) || !float_arg(args[3], eps) ||
-      !tensor_arg(args[4], weight1) || !optional_tensor_arg(args[5], bias1) ||
-      !tensor_arg(args[6], weight2) || !optional_tensor_arg(args[7], bias2) ||
-      !string_arg(args[8], approximate)) {
-    return not_implemented();
-  }
-  using Sig = Tensor4(const at::Tensor&, const OptTensor&, const OptTensor&, double,
-                      const at::Tensor&, const OptTensor&, const at::Tensor&, const OptTensor&,
-                      c10::string_view);
-  return run(
-      [&] {
-        static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::layer_norm_gelu_ffn");
-        return op.call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
-                       approximate);
-      },
-      [](auto&& r) { return wrap_first(std::move(r)); });
-}
-
-#define FAST_ENTRY(name, doc) \
-  {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(name)), METH_FASTCALL, doc}
+#define FUSEDNORM_FAST_METHOD(op_name, schema, signature, outputs)                    \
+  {#op_name,                                                                                 \
+   reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&Entry<op_name##_row>::call)), \
+   METH_FASTCALL, schema "; returns its first " #outputs " output(s)"},
 
 PyMethodDef methods[] = {
-    FAST_ENTRY(layer_norm, "layer_norm(input, normalized_shape, weight, bias, eps) -> out"),
-    FAST_ENTRY(rms_norm, "rms_norm(input, normalized_shape, weight, eps) -> out"),
-    FAST_ENTRY(add_layer_norm,
-               "add_layer_norm(input, residual, normalized_shape, weight, bias, eps)"
-               " -> (out, sum)"),
-    FAST_ENTRY(add_rms_norm,
-               "add_rms_norm(input, residual, normalized_shape, weight, eps) -> (out, sum)"),
-    FAST_ENTRY(gelu_ffn, "gelu_ffn(input, weight1, bias1, weight2, bias2, approximate) -> out"),
-    FAST_ENTRY(layer_norm_gelu_ffn,
-               "layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, "
-               "bias2, approximate) -> out"),
+    FUSEDNORM_PUBLIC_OPS(FUSEDNORM_FAST_METHOD)
     {nullptr, nullptr, 0, nullptr},
 };
+#undef FUSEDNORM_FAST_METHOD
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 """Fake kernels of the backend ops, which work on contiguous [M, N] rows (schemas in
-csrc/fusednorm.cpp, kernels in csrc/cpu and csrc/cuda)."""
+csrc/op_table.h, kernels in csrc/cpu and csrc/cuda)."""
 from __future__ import annotations
 
 import torch
@@ -21,17 +21,6 @@ def _norm_bwd_fake(grad_out, grad_sum, input, mean, rstd, weight, bias, centered
     grad_weight = weight.new_empty((cols,)) if weight is not None else input.new_empty((0,))
     grad_bias = bias.new_empty((cols,)) if bias is not None else input.new_empty((0,))
     return torch.empty_like(input), grad_weight, grad_bias
-
-
-@register_fake("layer_norm_fwd")
-def _layer_norm_fwd_fake(input, weight, bias, eps):
-    rows = input.shape[0]
-    return torch.empty_like(input), row_stat(input, rows), row_stat(input, rows)
-
-
-@register_fake("layer_norm_bwd")
-def _layer_norm_bwd_fake(grad_out, input, mean, rstd, weight, bias):
-    return _norm_bwd_fake(grad_out, None, input, mean, rstd, weight, bias, True)
 
 
 @register_fake("layer_norm_apply")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._loader import PUBLIC_OPS
 from ._library import OPS
 
 
@@ -46,16 +47,13 @@ def _batch_rule(op, data: Sequence[int]):
     return rule
 
 
-# Op name -> positions of its row data.
+# Op name -> positions of its row data: the arguments named input and residual of each public
+# op's schema (csrc/op_table.h).
 _DATA_ARGS = {
-    "layer_norm": (0,),
-    "rms_norm": (0,),
-    "add_layer_norm": (0, 1),
-    "add_rms_norm": (0, 1),
-    "gelu_ffn": (0,),
-    "layer_norm_gelu_ffn": (0,),
+    name: tuple(i for i, arg in enumerate(getattr(OPS, name).default._schema.arguments)
+                if arg.name in ("input", "residual"))
+    for name in (PUBLIC_OPS if OPS is not None else ())
 }
 
-if OPS is not None:
-    for _name, _data in _DATA_ARGS.items():
-        torch.library.register_vmap(f"fusednorm::{_name}", _batch_rule(getattr(OPS, _name).default, _data))
+for _name, _data in _DATA_ARGS.items():
+    torch.library.register_vmap(f"fusednorm::{_name}", _batch_rule(getattr(OPS, _name).default, _data))

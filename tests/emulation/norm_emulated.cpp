@@ -1,4 +1,4 @@
-// Runs fusednorm's CUDA norm-family launchers and kernels (csrc/cuda/layer_norm_kernels.cuh:
+// Runs fusednorm's CUDA norm-family launchers and kernels (csrc/cuda/norm_kernels.cuh:
 // LayerNorm and RMSNorm, with or without a residual) on the emulated GPU of emu_runtime.h
 // and checks every output against a float64 reference computed here. Reads cases from
 // stdin, one per line:
@@ -38,7 +38,7 @@
 #include <limits>
 #include <sstream>
 
-#include "cuda/layer_norm_kernels.cuh"
+#include "cuda/norm_kernels.cuh"
 
 namespace {
 
@@ -211,9 +211,9 @@ std::string run_fwd(const Case& c) {
                       c.residual ? sum.as<T>() : nullptr};
   GuardedWorkspace ws;
   if (c.centered) {
-    layer_norm_fwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    norm_fwd_impl<true>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
   } else {
-    rms_norm_fwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    norm_fwd_impl<false>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
   }
   ws.check();
   for (const Buffer* buf : {&x, &w, &b, &res, &y, &sum, &mean, &rstd}) buf->check_canary("an argument");
@@ -288,9 +288,9 @@ std::string run_bwd(const Case& c) {
                       c.residual ? gsum.as<T>() : nullptr};
   GuardedWorkspace ws;
   if (c.centered) {
-    layer_norm_bwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    norm_bwd_impl<true>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
   } else {
-    rms_norm_bwd_impl(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    norm_bwd_impl<false>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
   }
   ws.check();
   for (const Buffer* buf : {&x, &dy, &w, &mean, &rstd, &gsum, &dx, &dw, &db}) buf->check_canary("an argument");

@@ -1,9 +1,8 @@
-// The norm family's forward and backward on CUDA (layer_norm_fwd/bwd, and norm_fwd/bwd:
-// LayerNorm or RMSNorm, optional residual): argument checks (the CPU entries' own),
-// outputs and workspace from PyTorch's caching allocator, the input's device and current
-// stream; the kernels are in layer_norm_kernels.cuh, compiled per pass and dtype in
-// layer_norm_{fwd,bwd}_<dtype>.cu and rms_norm_{fwd,bwd}_<dtype>.cu. Host code only,
-// compiled by the C++ compiler (no ATen headers pass through nvcc).
+// The norm family's forward and backward on CUDA (norm_fwd / norm_bwd: LayerNorm or
+// RMSNorm, optional residual): argument checks (the CPU entries' own), outputs and workspace
+// from PyTorch's caching allocator, the input's device and current stream; the kernels are
+// in norm_kernels.cuh, compiled per kind, pass and dtype (norm_instances.cuh). Host code
+// only, compiled by the C++ compiler (no ATen headers pass through nvcc).
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -19,7 +18,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
-#include "cuda/layer_norm_launch.h"
+#include "cuda/norm_launch.h"
 
 namespace fusednorm::cuda {
 namespace {
@@ -74,6 +73,37 @@ DeviceInfo device_info(const at::Tensor& t) {
   return {index, sm_count};
 }
 
+// The kernels' entry for an argument struct: LayerNorm's (centered) or RMSNorm's.
+template <typename T, typename P>
+void launch(const NormFwdArgs<T, P>& args, bool centered, Workspace& ws, DeviceInfo dev,
+            cudaStream_t stream) {
+  if (centered) return norm_fwd_cuda<true>(args, ws, dev, stream);
+  norm_fwd_cuda<false>(args, ws, dev, stream);
+}
+
+template <typename T, typename P>
+void launch(const NormBwdArgs<T, P>& args, bool centered, Workspace& ws, DeviceInfo dev,
+            cudaStream_t stream) {
+  if (centered) return norm_bwd_cuda<true>(args, ws, dev, stream);
+  norm_bwd_cuda<false>(args, ws, dev, stream);
+}
+
+// Launches the kernels on the argument struct make_args(T{}, P{}) makes for the C++ types
+// of the input and of the parameters, on the input's device and current stream.
+template <typename MakeArgs>
+void launch_typed(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                  const std::optional<at::Tensor>& bias, bool centered,
+                  const MakeArgs& make_args) {
+  TensorWorkspace workspace(input);
+  const DeviceInfo dev = device_info(input);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_input_and_param(input.scalar_type(), param_dtype(weight, bias, input),
+                           [&](auto input_tag, auto param_tag) {
+                             launch(make_args(input_tag, param_tag), centered, workspace, dev,
+                                    stream);
+                           });
+}
+
 // norm_fwd: outputs as the CPU entry's (csrc/cpu/norm.cpp): sum is [0] without a residual,
 // mean is [0] for RMSNorm (centered = false).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
@@ -91,26 +121,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
   at::Tensor rstd = at::empty({M}, stats_options);
   if (M == 0) return {out, sum, mean, rstd};
 
-  TensorWorkspace workspace(input);
-  const DeviceInfo dev = device_info(input);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input),
-      [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
-        using P = decltype(param_tag);
-        using acc_t = acc_type_t<T>;
-        const NormFwdArgs<T, P> args{
-            input.const_data_ptr<T>(), data_or_null<P>(weight), data_or_null<P>(bias),
-            out.mutable_data_ptr<T>(), out_or_null<acc_t>(mean),
-            rstd.mutable_data_ptr<acc_t>(), M, N, eps, data_or_null<T>(residual),
-            out_or_null<T>(sum)};
-        if (centered) {
-          layer_norm_fwd_cuda(args, workspace, dev, stream);
-        } else {
-          rms_norm_fwd_cuda(args, workspace, dev, stream);
-        }
-      });
+  launch_typed(input, weight, bias, centered, [&](auto input_tag, auto param_tag) {
+    using T = decltype(input_tag);
+    using P = decltype(param_tag);
+    using acc_t = acc_type_t<T>;
+    return NormFwdArgs<T, P>{
+        input.const_data_ptr<T>(), data_or_null<P>(weight), data_or_null<P>(bias),
+        out.mutable_data_ptr<T>(), out_or_null<acc_t>(mean), rstd.mutable_data_ptr<acc_t>(),
+        M, N, eps, data_or_null<T>(residual), out_or_null<T>(sum)};
+  });
   return {out, sum, mean, rstd};
 }
 
@@ -138,50 +157,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
   }
   if (N == 0) return {grad_input, grad_weight, grad_bias};
 
-  TensorWorkspace workspace(input);
-  const DeviceInfo dev = device_info(input);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input),
-      [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
-        using P = decltype(param_tag);
-        using acc_t = acc_type_t<T>;
-        const NormBwdArgs<T, P> args{
-            grad_out.const_data_ptr<T>(),
-            input.const_data_ptr<T>(),
-            centered ? mean.const_data_ptr<acc_t>() : nullptr,
-            rstd.const_data_ptr<acc_t>(),
-            data_or_null<P>(weight),
-            grad_input.mutable_data_ptr<T>(),
-            present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
-            present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
-            M,
-            N,
-            data_or_null<T>(grad_sum)};
-        if (centered) {
-          layer_norm_bwd_cuda(args, workspace, dev, stream);
-        } else {
-          rms_norm_bwd_cuda(args, workspace, dev, stream);
-        }
-      });
+  launch_typed(input, weight, bias, centered, [&](auto input_tag, auto param_tag) {
+    using T = decltype(input_tag);
+    using P = decltype(param_tag);
+    return NormBwdArgs<T, P>{
+        grad_out.const_data_ptr<T>(),
+        input.const_data_ptr<T>(),
+        centered ? mean.const_data_ptr<acc_type_t<T>>() : nullptr,
+        rstd.const_data_ptr<acc_type_t<T>>(),
+        data_or_null<P>(weight),
+        grad_input.mutable_data_ptr<T>(),
+        present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
+        present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
+        M,
+        N,
+        data_or_null<T>(grad_sum)};
+  });
   return {grad_input, grad_weight, grad_bias};
-}
-
-// LayerNorm alone: the norm_fwd / norm_bwd entries with centered = true and no residual
-// (the same kernels, as on the CPU).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  auto [out, sum, mean, rstd] = norm_fwd(input, std::nullopt, weight, bias, eps, true);
-  return {out, mean, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
-    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias) {
-  return norm_bwd(grad_out, std::nullopt, input, mean, rstd, weight, bias, true);
 }
 
 }  // namespace
@@ -190,6 +182,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
 TORCH_LIBRARY_IMPL(fusednorm, CUDA, m) {
   m.impl("norm_fwd", &fusednorm::cuda::norm_fwd);
   m.impl("norm_bwd", &fusednorm::cuda::norm_bwd);
-  m.impl("layer_norm_fwd", &fusednorm::cuda::layer_norm_fwd);
-  m.impl("layer_norm_bwd", &fusednorm::cuda::layer_norm_bwd);
 }

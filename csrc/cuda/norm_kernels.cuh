@@ -3,16 +3,17 @@
 // (CENTERED = true) and RMSNorm (CENTERED = false: mean(x^2) instead of a Welford mean and
 // variance, no mean, no bias), each with an optional residual (runtime pointers, so that it
 // costs no instantiation: forward s = x + residual rounded to T, written out and normalized;
-// backward adds grad_sum to dx before its one rounding). Included by the per-pass and dtype
-// files layer_norm_{fwd,bwd}_<dtype>.cu (CENTERED) and rms_norm_{fwd,bwd}_<dtype>.cu (not),
-// which instantiate them. Everything here has internal linkage: each of those files holds
-// its own copies of what it uses.
+// backward adds grad_sum to dx before its one rounding). Included by norm_instances.cuh,
+// which setup.py compiles once per kind, pass and input dtype; the entries at the end
+// (norm_fwd_cuda, norm_bwd_cuda) are what those files instantiate. Everything else here has
+// internal linkage: each of those files holds its own copies of what it uses.
 //
 // Work layout. A row (or, for rows longer than a kernel holds, a chunk of a row) is handled
 // by TPR threads; thread t of a row holds the 16-byte packs t, t + TPR, ..., t + (ITEMS-1)*TPR
 // in registers between reading them and writing the result, so every element is read from
-// memory once. TPR and ITEMS come from a size bucket (tables below); a block of fewer than
-// 128 threads per row takes 128 / TPR rows side by side. Blocks stride over row groups
+// memory once. TPR and ITEMS come from a size bucket (norm_config.cuh, with every other
+// tuning choice); a block of fewer than 128 threads per row takes 128 / TPR rows side by
+// side. Blocks stride over row groups
 // (grid.x) and chunks (grid.y), so no grid limit binds and offsets are int64.
 //
 // Rows that do not fit one kernel's registers are split into chunks. On sm_90 and newer, up
@@ -40,61 +41,14 @@
 #include "common/welford.h"
 #include "cuda/cluster.cuh"
 #include "cuda/device_utils.cuh"
-#include "cuda/layer_norm_launch.h"
+#include "cuda/norm_config.cuh"
+#include "cuda/norm_launch.h"
 
 namespace fusednorm::cuda {
 namespace {
 
 // ---------------------------------------------------------------------------------------
-// Size buckets
-
-struct Bucket {
-  int tpr;    // threads per row (a multiple of 32)
-  int items;  // packs per thread
-};
-
-// Forward, 16-byte packs: a warp per row up to 128 packs (1024 halves, 512 floats), then
-// more warps; 8 packs (128 bytes, 32 registers) per thread at most, so the largest bucket
-// holds 8192 packs: 65536 halves, 32768 floats, 16384 doubles per row.
-struct FwdVecBuckets {
-  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
-                                     {256, 4}, {512, 4}, {512, 8}, {1024, 8}};
-};
-// Forward, 16-byte packs, when 1024 threads of 64 registers do not hold a large bucket
-// without spilling: float64 (its arithmetic takes register pairs) and float parameters
-// beside 16-bit inputs (16 bytes of weight and bias per 8 elements). The same capacity,
-// with at most 512 threads per row and up to 128 registers (kFwdMinBlocks).
-struct FwdVecBucketsWide {
-  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4},  {64, 4},  {128, 4},
-                                     {256, 4}, {512, 4}, {512, 8}, {512, 16}};
-};
-// Forward, one element per pack (misaligned data or N not a multiple of the pack width).
-struct FwdScalarBuckets {
-  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {1024, 8}};
-};
-struct FwdScalarBucketsWide {
-  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 16}};
-};
-// Backward, 16-byte packs. A thread holds x and dy packs and fp32 dweight/dbias sums for
-// its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so a
-// row of 8192 elements (4096 doubles) takes about half a multiprocessor's registers; 16-bit
-// inputs stop at 256 threads x 4 packs (about 128 registers a thread, two rows resident).
-struct BwdVecBuckets16 {
-  static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}};
-};
-struct BwdVecBuckets32 {
-  static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4}, {64, 4},
-                                     {128, 4}, {256, 4}, {512, 4}};
-};
-struct BwdScalarBuckets {
-  static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 8}};
-};
-// Backward of 16-bit LayerNorm with a grad_sum (add_layer_norm's), 16-byte packs: at most 2
-// packs per thread (the grad_sum packs beside the dbias sums made the buckets of 4 spill),
-// the same capacity with twice the threads. Inputs of 4 and 8 bytes keep BwdVecBuckets32.
-struct BwdVecBucketsGradSum16 {
-  static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}};
-};
+// Size buckets (the tables are in norm_config.cuh)
 
 template <typename Table>
 constexpr int kNumBuckets = static_cast<int>(std::size(Table::kList));
@@ -146,29 +100,12 @@ void visit_bucket(int index, Fn&& fn) {
   visit_bucket_impl<Table>(index, fn, std::make_index_sequence<kNumBuckets<Table>>{});
 }
 
-template <int TPR>
-struct RowLayout {
-  static_assert(TPR % kWarpSize == 0 && TPR <= 1024, "threads per row: a multiple of 32");
-  static constexpr int kBlock = TPR >= 128 ? TPR : 128;
-  static constexpr int kRows = kBlock / TPR;  // rows side by side in a block
-  static constexpr int kWarps = TPR / kWarpSize;  // warps per row
-};
-
-// Packs of 16 bytes for T.
-template <typename T>
-constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-
 // ---------------------------------------------------------------------------------------
 // Device helpers
 
 // Correctly rounded 1/sqrt(v) (no division: its slow-path call made the large buckets spill).
 __device__ __forceinline__ float inverse_sqrt(float v) { return __frsqrt_rn(v); }
 __device__ __forceinline__ double inverse_sqrt(double v) { return 1.0 / sqrt(v); }
-
-// Independent Welford summaries per thread: element e of a pack goes to lane e % kLanes.
-// More lanes shorten the dependent chains; four keep 8 registers for them.
-template <int VEC>
-constexpr int kWelfordLanes = VEC < 4 ? VEC : 4;
 
 // kLanes Welford summaries that have all seen `count` values, merged into one (Chan's
 // formula for equal counts: the mean of the means, and the spread of the means).
@@ -200,7 +137,7 @@ __device__ __forceinline__ WelfordState<acc_t> merge_lanes(const acc_t (&mean)[k
 // row. red: this row's K * kWarps slots of shared memory, not read since the last barrier by
 // any thread (the callers alternate two buffers, so one barrier per reduction suffices).
 // Every value is reduced whether used or not: a shuffle under a condition the compiler
-// cannot prove uniform cost the 16-bit backward buckets of 4 packs 56-156 bytes of spills.
+// cannot prove uniform made the 16-bit backward buckets of 4 packs spill.
 template <int kWarps, int K, typename acc_t>
 __device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
 #pragma unroll
@@ -223,10 +160,8 @@ __device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
 // of the row. Chan's formula for all the parts at once: mean = sum(n_t * mean_t) / count,
 // m2 = sum(m2_t + n_t * (mean_t - mean)^2), every term of the second sum >= 0. Two sums of
 // one value instead of warp_merge's pairwise merges (five a warp, each with a division and
-// branches on empty parts), which took a sixth of the 16-bit forward's instructions when
-// that kernel was issue-bound (ncu, H200, bf16 65536 x 1024: 36 instructions per element, an
-// instruction issued in 76% of cycles, 50% of DRAM bandwidth). red: this row's 2 * kWarps
-// slots of shared memory (as for row_sums).
+// branches on empty parts), which cost the issue-bound 16-bit forward a large share of its
+// instructions. red: this row's 2 * kWarps slots of shared memory (as for row_sums).
 template <int kWarps, typename acc_t>
 __device__ __forceinline__ WelfordState<acc_t> row_merge_counted(const WelfordState<acc_t>& t,
                                                                  acc_t count, acc_t inv_count,
@@ -298,29 +233,6 @@ enum RowMode : int {
 // ---------------------------------------------------------------------------------------
 // Forward
 
-// The inputs for which the forward uses the Wide bucket tables.
-template <typename T, typename P>
-constexpr bool kWideFwd = sizeof(T) == 8 || sizeof(P) > sizeof(T);
-
-// Threads per multiprocessor a forward kernel is compiled to keep resident (launch bounds):
-// 1024 (64 registers a thread), or 512 (128 registers) for float64 and for the buckets of
-// 8 or more packs with float parameters beside 16-bit inputs, which spilled at 64.
-template <typename T, typename P, int TPR, int ITEMS>
-constexpr int kFwdMinBlocks =
-    std::max(1, (sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024) /
-                    RowLayout<TPR>::kBlock);
-
-// Whether a bucket holds its weight (and bias) packs in registers across rows: when they take
-// at most 8 registers each (the buckets of up to 2 packs per thread), or 4 on sm_100 and
-// newer, where 8 made the 2-pack forward buckets spill at 64 registers.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-constexpr int kHoistBytes = 16;
-#else
-constexpr int kHoistBytes = 32;
-#endif
-template <typename P, int VEC, int ITEMS>
-constexpr bool kHoistFwdParams = ITEMS * VEC * sizeof(P) <= kHoistBytes;
-
 template <typename T, typename P>
 struct FwdParams {
   using acc_t = acc_type_t<T>;
@@ -376,7 +288,7 @@ __device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
-    layer_norm_fwd_kernel(const FwdParams<T, P> p) {
+    norm_fwd_kernel(const FwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
@@ -608,13 +520,13 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 // per row. Not centered (RMSNorm): adds the chunks' sums of squares (the same fixed order)
 // and writes rstd only.
 template <typename T, bool CENTERED>
-__global__ void __launch_bounds__(128)
-    layer_norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, const T* residual,
+__global__ void __launch_bounds__(kMergeThreads)
+    norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, const T* residual,
                                   int64_t M, int64_t N, int64_t chunks, acc_type_t<T> eps,
                                   acc_type_t<T>* mean, acc_type_t<T>* rstd,
                                   acc_type_t<T>* mean_rest) {
   using acc_t = acc_type_t<T>;
-  constexpr int kRowsPerBlock = 128 / kWarpSize;
+  constexpr int kRowsPerBlock = kMergeThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
        row += int64_t(gridDim.x) * kRowsPerBlock) {
@@ -665,58 +577,10 @@ __global__ void __launch_bounds__(128)
 // writes one row of partials (dweight and dbias side by side), which one last kernel sums
 // over in row order.
 
-// Threads per multiprocessor the backward kernels are compiled for: 512 (128 registers),
-// except 384 (168 registers) for the 16-bit buckets of 4 packs where 128 spilled: on sm_100
-// and newer those holding 2 or 4 rows per block (their slot-combining code), before sm_80
-// (no bfloat16 instructions) all of them. Only the device compilation reads these (launch
-// bounds); sm_80 and sm_90 fit 128.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-constexpr int kBwd16ThreadsMultiRow = 384, kBwd16ThreadsOneRow = 512;
-constexpr int kBwdScalar32Threads8 = 768;  // (see kBwdThreadsPerSm)
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr int kBwd16ThreadsMultiRow = 384, kBwd16ThreadsOneRow = 384;
-#else
-constexpr int kBwd16ThreadsMultiRow = 512, kBwd16ThreadsOneRow = 512;
-#endif
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 1000
-constexpr int kBwdScalar32Threads8 = 1024;
-#endif
-
-// The one-element kernels (VEC = 1: misaligned or odd rows, and LayerNorm with a grad_sum)
-// of inputs up to 4 bytes, unclustered: 1024 (64 registers). Under the 512 bound the
-// compiler gave them 55-95 registers, and 69-101 once LayerNorm's rows summed xhat as well
-// (768 threads down to 512); they fit 64 without spilling on sm_90, except the clustered
-// ones, and on sm_100 float32's of 8 items, which take 768 there (kBwdScalar32Threads8).
-template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
-constexpr int kBwdThreadsPerSm =
-    VEC == 1 && !CLUSTER && sizeof(T) == 4 && ITEMS == 8 ? kBwdScalar32Threads8
-    : VEC == 1 && !CLUSTER && sizeof(T) <= 4             ? 1024
-    : sizeof(T) != 2 || ITEMS != 4                       ? 512
-    : RowLayout<TPR>::kRows > 1                          ? kBwd16ThreadsMultiRow
-                                                         : kBwd16ThreadsOneRow;
-
-template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
-constexpr int kBwdMinBlocks =
-    std::max(1, kBwdThreadsPerSm<T, VEC, TPR, ITEMS, CLUSTER> / RowLayout<TPR>::kBlock);
-
-// Whether a backward kernel adds grad_sum: all RMSNorm kernels; LayerNorm's one-element
-// kernels, those of 4- and 8-byte inputs, and the 16-bit ones of at most 2 packs per
-// thread. In LayerNorm's 16-bit buckets of 4 packs the grad_sum packs (with the dbias sums)
-// spilled at 128 registers, so 16-bit LayerNorm with a grad_sum takes
-// BwdVecBucketsGradSum16 (norm_bwd_impl), and those kernels stay without it. (Until
-// 2026-11-26 every LayerNorm grad_sum took the one-element kernels: on an H200,
-// add_layer_norm's backward was 0.38-0.81x eager at N = 8192-32768, chunked beyond 4096.)
-constexpr bool bwd_adds_grad_sum(bool centered, int elem_bytes, int vec, int items) {
-  return !centered || vec == 1 || elem_bytes >= 4 || items <= 2;
-}
-template <bool CENTERED, typename T, int VEC, int ITEMS>
-constexpr bool kBwdGradSum = bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, ITEMS);
-
 // The sums a backward row reduces: g and g * xhat, and for LayerNorm xhat (0 in the rows
 // that needs_mean_correction does not pick; RMSNorm has no mean to correct).
 template <bool CENTERED>
 constexpr int kBwdSums = CENTERED ? 3 : 2;
-
 
 template <typename T, typename P>
 struct BwdParams {
@@ -742,14 +606,14 @@ struct BwdParams {
   int mode;
 };
 
-// At most 128 registers per thread (16 warps per multiprocessor): without the bound, the
-// 16-bit buckets with float parameters took 146 and the occupancy of one block of 256.
+// At most 128 registers per thread (16 warps per multiprocessor, kBwdMinBlocks): without the
+// bound, the 16-bit buckets with float parameters ran one block of 256 per multiprocessor.
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sums).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
                                   (kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>))
-    layer_norm_bwd_kernel(const BwdParams<T, P> p) {
+    norm_bwd_kernel(const BwdParams<T, P> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   constexpr int kSums = kBwdSums<CENTERED>;
@@ -974,10 +838,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
 // mean(g * xhat) and (kSums 3) mean(xhat), corrected as in the kernel's kFull mode (the
 // chunks' sums of xhat are all 0 in the rows it does not correct). A warp per row.
 template <typename acc_t, int kSums>
-__global__ void __launch_bounds__(128)
-    layer_norm_merge_sums_kernel(const acc_t* row_part, int64_t M, int64_t N, int64_t chunks,
+__global__ void __launch_bounds__(kMergeThreads)
+    norm_merge_sums_kernel(const acc_t* row_part, int64_t M, int64_t N, int64_t chunks,
                                  acc_t* row_coef) {
-  constexpr int kRowsPerBlock = 128 / kWarpSize;
+  constexpr int kRowsPerBlock = kMergeThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
        row += int64_t(gridDim.x) * kRowsPerBlock) {
@@ -1004,12 +868,10 @@ __global__ void __launch_bounds__(128)
 // The parameter gradients from the backward's partial rows: column j of part ([rows,
 // width], width = N for one gradient, 2N for dweight then dbias) summed over the rows into
 // out0[j] (j < N) or out1[j - N], rounded once to P. One launch for both gradients. A block
-// of 256 threads takes `cols` adjacent columns (32, 16 or 8: the launcher picks the widest
-// that still gives every multiprocessor a block) with 256 / cols row lanes; lane r sums rows
-// r, r + lanes, ... in order, then lane 0 adds the lanes' sums in lane order: a fixed order
-// for a given device and shape, so the result is bitwise reproducible.
-constexpr int kSumThreads = 256;
-
+// of kSumThreads takes `cols` adjacent columns (sum_partial_cols) with kSumThreads / cols row
+// lanes; lane r sums rows r, r + lanes, ... in order, then lane 0 adds the lanes' sums in
+// lane order: a fixed order for a given device and shape, so the result is bitwise
+// reproducible.
 template <typename acc_t, typename P>
 __global__ void __launch_bounds__(kSumThreads)
     sum_partial_rows_kernel(const acc_t* part, int64_t rows, int64_t width, int64_t N, int cols,
@@ -1070,19 +932,17 @@ dim3 row_grid(int64_t groups, int64_t chunks, int64_t resident_blocks) {
   return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-dim3 fwd_grid(const FwdParams<T, P>& p, DeviceInfo dev) {
-  static std::atomic<int> cache[kMaxCachedDevices];
-  constexpr int kBlock = RowLayout<TPR>::kBlock;
-  const int per_sm = blocks_per_sm(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>,
-                                   kBlock, dev, cache);
+// The grid of an unclustered row kernel of TPR threads per row (row_grid, sized by its
+// occupancy; cache: the kernel's own).
+template <int TPR, typename Kernel, typename Params>
+dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache) {
+  const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache);
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-void launch_fwd_rows(const FwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>, grid,
-                RowLayout<TPR>::kBlock, stream, p);
+template <int TPR, typename Kernel, typename Params>
+void launch_rows(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream) {
+  launch_kernel(kernel, grid, RowLayout<TPR>::kBlock, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1093,7 +953,7 @@ template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = layer_norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
+  constexpr auto kernel = norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks) return false;
   const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), dev.index, cache);
@@ -1106,12 +966,12 @@ bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
 
 unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
   return static_cast<unsigned>(
-      std::clamp<int64_t>(ceil_div(M, 128 / kWarpSize), 1, int64_t(dev.sm_count) * 16));
+      std::clamp<int64_t>(ceil_div(M, kMergeThreads / kWarpSize), 1, int64_t(dev.sm_count) * 16));
 }
 
 template <bool CENTERED, typename T, typename P>
 void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
-  launch_kernel(layer_norm_merge_stats_kernel<T, CENTERED>, warp_per_row_grid(p.M, dev), 128,
+  launch_kernel(norm_merge_stats_kernel<T, CENTERED>, warp_per_row_grid(p.M, dev), kMergeThreads,
                 stream, p.partial, p.x, p.residual, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
                 p.mean_rest);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1142,10 +1002,12 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    const dim3 grid = fwd_grid<T, P, VEC, kTpr, kItems, CENTERED>(p, dev);
+    constexpr auto kernel = norm_fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED>;
+    static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
+    const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     if (split.chunks == 1) {
       p.mode = kFull;
-      launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+      launch_rows<kTpr>(kernel, p, grid, stream);
       return;
     }
     // Only the largest bucket is ever cut into chunks (each chunk is more than half of it,
@@ -1157,10 +1019,10 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
     p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
     if (CENTERED) p.mean_rest = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
     p.mode = kPartial;
-    launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+    launch_rows<kTpr>(kernel, p, grid, stream);
     launch_merge_stats<CENTERED>(p, dev, stream);
     p.mode = kApply;
-    launch_fwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+    launch_rows<kTpr>(kernel, p, grid, stream);
   });
 }
 
@@ -1174,40 +1036,10 @@ void norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
                           is_16b_aligned(a.weight) && is_16b_aligned(a.bias) &&
                           is_16b_aligned(a.residual) && is_16b_aligned(a.sum);
   if (vectorized) {
-    run_fwd<T, P, kVec<T>, std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>,
-            CENTERED>(a, ws, dev, stream);
+    run_fwd<T, P, kVec<T>, FwdVecTable<T, P>, CENTERED>(a, ws, dev, stream);
   } else {
-    run_fwd<T, P, 1, std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>,
-            CENTERED>(a, ws, dev, stream);
+    run_fwd<T, P, 1, FwdScalarTable<T>, CENTERED>(a, ws, dev, stream);
   }
-}
-
-template <typename T, typename P>
-void layer_norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-                         cudaStream_t stream) {
-  norm_fwd_impl<true>(a, ws, dev, stream);
-}
-
-template <typename T, typename P>
-void rms_norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-                       cudaStream_t stream) {
-  norm_fwd_impl<false>(a, ws, dev, stream);
-}
-
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-dim3 bwd_grid(const BwdParams<T, P>& p, DeviceInfo dev) {
-  static std::atomic<int> cache[kMaxCachedDevices];
-  constexpr int kBlock = RowLayout<TPR>::kBlock;
-  const int per_sm = blocks_per_sm(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>,
-                                   kBlock, dev, cache);
-  return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
-}
-
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, false, CENTERED>, grid,
-                RowLayout<TPR>::kBlock, stream, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // How many clusters of p.chunks blocks the chunked backward's clustered launch may use (as
@@ -1216,14 +1048,14 @@ void launch_bwd_rows(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 int bwd_resident_clusters(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
+  constexpr auto kernel = norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
   if (grid.y != p.chunks) return 0;
   return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), dev.index, cache);
 }
 
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
 void launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_cluster_kernel(layer_norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>, grid,
+  launch_cluster_kernel(norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>, grid,
                         RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1231,19 +1063,10 @@ void launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream
 template <bool CENTERED, typename T, typename P>
 void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
                        cudaStream_t stream) {
-  launch_kernel(layer_norm_merge_sums_kernel<acc_type_t<T>, kBwdSums<CENTERED>>,
-                warp_per_row_grid(p.M, dev), 128, stream, p.row_part, p.M, p.N, p.chunks,
+  launch_kernel(norm_merge_sums_kernel<acc_type_t<T>, kBwdSums<CENTERED>>,
+                warp_per_row_grid(p.M, dev), kMergeThreads, stream, p.row_part, p.M, p.N, p.chunks,
                 row_coef);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// Columns per block of sum_partial_rows_kernel: the widest of 32, 16, 8 that still makes a
-// block per multiprocessor (32 columns of 1024 gave 64 blocks for N = 1024).
-int sum_partial_cols(int64_t width, DeviceInfo dev) {
-  for (int cols : {32, 16}) {
-    if (ceil_div(width, cols) >= dev.sm_count) return cols;
-  }
-  return 8;
 }
 
 template <typename acc_t, typename P>
@@ -1276,7 +1099,9 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    dim3 grid = bwd_grid<T, P, VEC, kTpr, kItems, CENTERED>(p, dev);
+    constexpr auto kernel = norm_bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED>;
+    static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
+    dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     // Chunked rows run in one clustered launch where possible (see run_fwd: only the
     // largest bucket chunks), of at most as many clusters as fit at once.
     bool clustered = false;
@@ -1314,13 +1139,13 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
           ws.allocate(a.M * split.chunks * kSums * int64_t(sizeof(acc_t))));
       acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * kSums * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
-      launch_bwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+      launch_rows<kTpr>(kernel, p, grid, stream);
       launch_merge_sums<CENTERED>(p, row_coef, dev, stream);
       p.row_coef = row_coef;
       p.mode = kApply;
       std::tie(p.dweight_part, p.dbias_part) = param_parts;
     }
-    if (!launched) launch_bwd_rows<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+    if (!launched) launch_rows<kTpr>(kernel, p, grid, stream);
     if (grads > 0) {
       // Columns [0, N) go to the first gradient present, [N, 2N) to dbias.
       P* first = a.dweight != nullptr ? a.dweight : a.dbias;
@@ -1328,14 +1153,6 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
     }
   });
 }
-
-// Bigger rows per register file for inputs of 4 and 8 bytes (see the bucket tables).
-template <typename T>
-using BwdVecBuckets = std::conditional_t<sizeof(T) == 2, BwdVecBuckets16, BwdVecBuckets32>;
-// LayerNorm with a grad_sum: kernels that add it (kBwdGradSum).
-template <typename T>
-using BwdVecBucketsGradSum =
-    std::conditional_t<sizeof(T) == 2, BwdVecBucketsGradSum16, BwdVecBuckets32>;
 
 // Whether every bucket of Table compiles the grad_sum add (kBwdGradSum).
 template <typename Table, bool CENTERED, typename T, int VEC>
@@ -1367,17 +1184,19 @@ void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
   }
 }
 
-template <typename T, typename P>
-void layer_norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-                         cudaStream_t stream) {
-  norm_bwd_impl<true>(a, ws, dev, stream);
-}
-
-template <typename T, typename P>
-void rms_norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
-                       cudaStream_t stream) {
-  norm_bwd_impl<false>(a, ws, dev, stream);
-}
-
 }  // namespace
+
+// The entries norm_launch.h declares, instantiated by norm_instances.cuh.
+template <bool CENTERED, typename T, typename P>
+void norm_fwd_cuda(const NormFwdArgs<T, P>& args, Workspace& ws, DeviceInfo dev,
+                   cudaStream_t stream) {
+  norm_fwd_impl<CENTERED>(args, ws, dev, stream);
+}
+
+template <bool CENTERED, typename T, typename P>
+void norm_bwd_cuda(const NormBwdArgs<T, P>& args, Workspace& ws, DeviceInfo dev,
+                   cudaStream_t stream) {
+  norm_bwd_impl<CENTERED>(args, ws, dev, stream);
+}
+
 }  // namespace fusednorm::cuda

@@ -1,0 +1,94 @@
+#pragma once
+// The interface between the ATen side of the CUDA norm family (norm.cpp: checks, outputs,
+// streams, registration) and its kernels (norm_kernels.cuh), which setup.py compiles once
+// per kind, pass and input dtype (norm_instances.cuh) so that the build spreads over several
+// compiler jobs. Nothing here needs ATen: raw pointers, sizes and a workspace callback.
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fusednorm::cuda {
+
+// Statistics and sums are accumulated in float, in double for double inputs.
+template <typename T>
+using acc_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// The (input, parameter) dtype pairs the kernels are compiled for, those that
+// dispatch_input_and_param (common/dispatch.h) gives: X(input's file tag, T, P). setup.py
+// makes one compiled file per tag (f32, f64, f16, bf16), kind and pass.
+#define FUSEDNORM_CUDA_NORM_DTYPES(X)   \
+  X(f32, float, float)                  \
+  X(f64, double, double)                \
+  X(f16, c10::Half, c10::Half)          \
+  X(f16, c10::Half, float)              \
+  X(bf16, c10::BFloat16, c10::BFloat16) \
+  X(bf16, c10::BFloat16, float)
+
+// Temporary device buffers (chunk partials, parameter-gradient partials), valid until the
+// op returns. The op file serves them from PyTorch's caching allocator on the current
+// stream, so the launches stay capturable in CUDA graphs.
+class Workspace {
+ public:
+  virtual void* allocate(int64_t bytes) = 0;
+
+ protected:
+  ~Workspace() = default;
+};
+
+// The device the tensors live on: its index and multiprocessor count size the grids.
+struct DeviceInfo {
+  int index;
+  int sm_count;
+};
+
+// Norm forward over the rows of a row-major [M, N] x. weight/bias may be null (bias always
+// null for RMSNorm). mean (LayerNorm only; null for RMSNorm) and rstd ([M]) are written for
+// the backward. With a residual (the trailing members, null by default), s = x + residual
+// rounded to T is written to `sum` and normalized.
+template <typename T, typename P>
+struct NormFwdArgs {
+  const T* x;
+  const P* weight;
+  const P* bias;
+  T* y;
+  acc_type_t<T>* mean;
+  acc_type_t<T>* rstd;
+  int64_t M;
+  int64_t N;
+  double eps;
+  const T* residual = nullptr;
+  T* sum = nullptr;
+};
+
+// Norm backward: dx always; dweight when dweight != nullptr (needs weight), dbias when
+// dbias != nullptr (LayerNorm only). weight may be null (then dy is not scaled). mean is
+// unused (may be null) for RMSNorm. grad_sum, when set, is added to dx before its rounding.
+template <typename T, typename P>
+struct NormBwdArgs {
+  const T* dy;
+  const T* x;
+  const acc_type_t<T>* mean;
+  const acc_type_t<T>* rstd;
+  const P* weight;
+  T* dx;
+  P* dweight;
+  P* dbias;
+  int64_t M;
+  int64_t N;
+  const T* grad_sum = nullptr;
+};
+
+// The entries into the kernels (norm_kernels.cuh): LayerNorm when CENTERED, else RMSNorm
+// (mean(x^2), no mean, no bias); both take the residual / grad_sum. They enqueue work on
+// `stream` and never synchronise. Instantiated for the pairs of FUSEDNORM_CUDA_NORM_DTYPES,
+// by norm_instances.cuh.
+template <bool CENTERED, typename T, typename P>
+void norm_fwd_cuda(const NormFwdArgs<T, P>&, Workspace&, DeviceInfo, cudaStream_t);
+template <bool CENTERED, typename T, typename P>
+void norm_bwd_cuda(const NormBwdArgs<T, P>&, Workspace&, DeviceInfo, cudaStream_t);
+
+}  // namespace fusednorm::cuda

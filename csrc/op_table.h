@@ -1,0 +1,128 @@
+#pragma once
+// Every op of fusednorm, written once: its schema (what torch.ops.fusednorm.<name> takes
+// and returns) and the C++ signature of its kernels and typed handles. Read by
+// csrc/fusednorm.cpp (which defines the schemas), csrc/ops (the public ops' kernels and
+// handles, op_table::<name>), csrc/ops/row_ops.h (the backend ops' handles) and
+// csrc/python/fast_calls.cpp (the public ops' direct Python entries). The dispatcher
+// checks, when fusednorm._C loads, that every kernel registered for an op has the
+// signature given here and that it matches the schema; tests/test_op_table.py checks that
+// the Python side (fake kernels, vmap rules, fusednorm.functional) agrees with the schemas.
+//
+// FUSEDNORM_PUBLIC_OPS(X): X(name, schema, signature, fast_outputs) for each public op (any
+// shape and layout, autograd to any order, autocast like torch.nn.functional);
+// fast_outputs: how many leading outputs fusednorm.functional.<name> returns (1: out; 2:
+// (out, sum)), which is also what its direct entry in fusednorm._fast returns.
+// FUSEDNORM_BACKEND_OPS(X): X(name, schema, signature) for each backend op (contiguous
+// [M, N] rows, one kernel per device in csrc/cpu and csrc/cuda, no autograd).
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+#include <tuple>
+
+namespace fusednorm::op_table {
+
+using OptTensor = std::optional<at::Tensor>;
+using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensor = const at::Tensor&;
+using Opt = const OptTensor&;
+using Shape = c10::SymIntArrayRef;
+using Str = c10::string_view;
+
+}  // namespace fusednorm::op_table
+
+#define FUSEDNORM_PUBLIC_OPS(X)                                                              \
+  /* LayerNorm over the trailing normalized_shape dims, as torch.native_layer_norm: the     \
+     output (input's shape and dtype, contiguous) and the per-row statistics mean and rstd  \
+     ([M], float32; float64 for a float64 input), which are not differentiable. */          \
+  X(layer_norm,                                                                              \
+    "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,"      \
+    " float eps) -> (Tensor out, Tensor mean, Tensor rstd)",                                 \
+    Tensor3(Tensor, Shape, Opt, Opt, double), 1)                                             \
+  /* RMSNorm over the trailing normalized_shape dims, as torch.nn.functional.rms_norm (eps  \
+     None: the machine epsilon of float32, or of float64 for a float64 input), and rstd. */ \
+  X(rms_norm,                                                                                \
+    "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps)"          \
+    " -> (Tensor out, Tensor rstd)",                                                         \
+    Tensor2(Tensor, Shape, Opt, std::optional<double>), 1)                                   \
+  /* s = input + residual (input's dtype), then LayerNorm / RMSNorm of s, in one pass over  \
+     memory: (norm(s), s, statistics); norm(s) and s are differentiable. */                 \
+  X(add_layer_norm,                                                                          \
+    "add_layer_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
+    " Tensor? bias, float eps) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",       \
+    Tensor4(Tensor, Tensor, Shape, Opt, Opt, double), 2)                                     \
+  X(add_rms_norm,                                                                            \
+    "add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
+    " float? eps) -> (Tensor out, Tensor sum, Tensor rstd)",                                 \
+    Tensor3(Tensor, Tensor, Shape, Opt, std::optional<double>), 2)                           \
+  /* gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre = \
+     input @ weight1.T + bias1 as [M, hidden] rows (not differentiable). */                 \
+  X(gelu_ffn,                                                                                \
+    "gelu_ffn(Tensor input, Tensor weight1, Tensor? bias1, Tensor weight2, Tensor? bias2,"   \
+    " str approximate) -> (Tensor out, Tensor hidden_pre)",                                  \
+    Tensor2(Tensor, Tensor, Opt, Tensor, Opt, Str), 1)                                       \
+  /* input + gelu_ffn(layer_norm(input, [d])): the pre-LN feed-forward sub-block, with the  \
+     LayerNorm statistics and hidden_pre (not differentiable). */                           \
+  X(layer_norm_gelu_ffn,                                                                     \
+    "layer_norm_gelu_ffn(Tensor input, Tensor? ln_weight, Tensor? ln_bias, float eps,"       \
+    " Tensor weight1, Tensor? bias1, Tensor weight2, Tensor? bias2, str approximate)"        \
+    " -> (Tensor out, Tensor mean, Tensor rstd, Tensor hidden_pre)",                         \
+    Tensor4(Tensor, Opt, Opt, double, Tensor, Opt, Tensor, Opt, Str), 1)
+
+#define FUSEDNORM_BACKEND_OPS(X)                                                             \
+  /* The norm family over the rows of a contiguous [M, N] input: LayerNorm (centered) or    \
+     RMSNorm (not centered: no mean, no bias), normalizing input + residual when a residual \
+     is given. sum = input + residual in the input's dtype ([0] without a residual); mean   \
+     ([M]; [0] for RMSNorm) and rstd ([M]) are float32 (float64 for a float64 input). */     \
+  X(norm_fwd,                                                                                \
+    "norm_fwd(Tensor input, Tensor? residual, Tensor? weight, Tensor? bias, float eps,"      \
+    " bool centered) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                 \
+    Tensor4(Tensor, Opt, Opt, Opt, double, bool))                                            \
+  /* input is what was normalized (the sum, with a residual); grad_sum, the gradient of the \
+     sum output, is added to grad_input. grad_weight / grad_bias are [N] in the parameter's \
+     dtype, or empty ([0]) when that parameter is None; their reduction over rows is        \
+     deterministic. */                                                                      \
+  X(norm_bwd,                                                                                \
+    "norm_bwd(Tensor grad_out, Tensor? grad_sum, Tensor input, Tensor mean, Tensor rstd,"    \
+    " Tensor? weight, Tensor? bias, bool centered) -> (Tensor grad_input,"                   \
+    " Tensor grad_weight, Tensor grad_bias)",                                                \
+    Tensor3(Tensor, Opt, Tensor, Tensor, Tensor, Opt, Opt, bool))                            \
+  /* The LayerNorm output (input - mean) * rstd * weight + bias from the statistics that    \
+     norm_fwd returned: a block that does not save its LayerNorm output recomputes it with  \
+     this in the backward. */                                                               \
+  X(layer_norm_apply,                                                                        \
+    "layer_norm_apply(Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"               \
+    " Tensor? bias) -> Tensor",                                                              \
+    at::Tensor(Tensor, Tensor, Tensor, Opt, Opt))                                            \
+  /* GELU feed-forward block out = gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over \
+     a contiguous [M, K] input; weight1 [H, K], weight2 [N, H], biases [H] / [N], all of    \
+     the input's dtype. approximate is 'none' (erf) or 'tanh', as torch.nn.GELU.            \
+     hidden_pre = input @ weight1.T + bias1 ([M, H]) is all the backward needs besides the  \
+     input. */                                                                              \
+  X(gelu_ffn_fwd,                                                                            \
+    "gelu_ffn_fwd(Tensor input, Tensor weight1, Tensor? bias1, Tensor weight2,"              \
+    " Tensor? bias2, str approximate) -> (Tensor out, Tensor hidden_pre)",                   \
+    Tensor2(Tensor, Tensor, Opt, Tensor, Opt, Str))                                          \
+  /* Recomputes gelu(hidden_pre) where it needs it. grad_bias1 / grad_bias2 are [H] / [N],  \
+     or empty ([0]) when has_bias1 / has_bias2 is false; their reduction over rows is       \
+     deterministic. */                                                                      \
+  X(gelu_ffn_bwd,                                                                            \
+    "gelu_ffn_bwd(Tensor grad_out, Tensor input, Tensor hidden_pre, Tensor weight1,"         \
+    " Tensor weight2, bool has_bias1, bool has_bias2, str approximate) -> (Tensor"           \
+    " grad_input, Tensor grad_weight1, Tensor grad_bias1, Tensor grad_weight2,"              \
+    " Tensor grad_bias2)",                                                                   \
+    Tensor5(Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, Str))
+
+namespace fusednorm::op_table {
+
+// op_table::<name>: the signature of each op, for its kernels and typed handles.
+#define FUSEDNORM_OP_SIGNATURE(name, schema, signature, ...) using name = signature;
+FUSEDNORM_PUBLIC_OPS(FUSEDNORM_OP_SIGNATURE)
+FUSEDNORM_BACKEND_OPS(FUSEDNORM_OP_SIGNATURE)
+#undef FUSEDNORM_OP_SIGNATURE
+
+}  // namespace fusednorm::op_table
