@@ -134,9 +134,20 @@ def _plan(model: nn.Module, families: Optional[tuple[str, ...]]) -> NormReport:
     return NormReport(tuple(entries))
 
 
+# The families each replace function swaps.
+REPLACE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "replace_layernorm": ("layer_norm",),
+    "replace_norms": ("layer_norm", "rms_norm"),
+}
+
+
 def _why_not(module: nn.Module, cls: str) -> str:
     if cls in SWAPS:
-        return f"swapped by another replace function ({SWAPS[cls].family})"
+        family = SWAPS[cls].family
+        by = [f"fusednorm.{name}" for name, families in REPLACE_FAMILIES.items()
+              if family in families]
+        return (f"swapped by {' or '.join(by)} ({family} family)" if by
+                else f"swapped by another replace function ({family} family)")
     if isinstance(module, nn.LayerNorm):
         return "a subclass of nn.LayerNorm not known to compute F.layer_norm"
     return "no fusednorm equivalent"
@@ -202,7 +213,7 @@ def replace_layernorm(model: nn.Module) -> nn.Module:
     when the model has norm modules but none was swapped. fusednorm.norm_report(model)
     lists every norm module and what became of it.
     """
-    swap_modules(model, ("layer_norm",), "replace_layernorm")
+    swap_modules(model, REPLACE_FAMILIES["replace_layernorm"], "replace_layernorm")
     return model
 
 
@@ -211,5 +222,5 @@ def replace_norms(model: nn.Module) -> nn.Module:
     Hugging Face's LlamaRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm, MistralRMSNorm
     (-> FusedHFRMSNorm, which keeps their order of operations). In place, same Parameter
     objects; returns the model. Logging, warning and norm_report as replace_layernorm's."""
-    swap_modules(model, ("layer_norm", "rms_norm"), "replace_norms")
+    swap_modules(model, REPLACE_FAMILIES["replace_norms"], "replace_norms")
     return model
