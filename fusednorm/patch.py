@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
+from .errors import FusedTypeError
 from .layer_norm_2d import FusedLayerNorm2d
 from .modules import FusedHFRMSNorm, FusedLayerNorm, FusedRMSNorm
 
@@ -164,7 +165,7 @@ def norm_report(model: nn.Module) -> NormReport:
           fused: 25 fusednorm.modules.FusedLayerNorm
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"norm_report: model must be an nn.Module, got {type(model).__name__}")
+        raise FusedTypeError(f"norm_report: model must be an nn.Module, got {type(model).__name__}")
     return _plan(model, None)
 
 
@@ -173,7 +174,7 @@ def swap_modules(model: nn.Module, families: tuple[str, ...], caller: str) -> No
     logs what it did at INFO level on the "fusednorm" logger, and warns when the model has
     norm modules but none is or becomes fusednorm's. Returns the plan it carried out."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{caller}: model must be an nn.Module, got {type(model).__name__}")
+        raise FusedTypeError(f"{caller}: model must be an nn.Module, got {type(model).__name__}")
     plan = _plan(model, families)
     for entry in plan.entries:
         if entry.action == "swap":

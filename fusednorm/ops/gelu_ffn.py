@@ -1,7 +1,7 @@
 """fusednorm::gelu_ffn (csrc/ops/gelu_ffn.cpp): fake kernel and Function name."""
 from __future__ import annotations
 
-from ._library import check_devices, leading_rows, overload, register_fake, require_library
+from ._library import call_op, check_devices, leading_rows, overload, register_fake, require_library
 
 GELU_FFN = overload("gelu_ffn")
 
@@ -25,4 +25,4 @@ class GeluFFNFunction:
     @staticmethod
     def apply(input, weight1, bias1, weight2, bias2, approximate):
         require_library()
-        return GELU_FFN(input, weight1, bias1, weight2, bias2, approximate)
+        return call_op(GELU_FFN, input, weight1, bias1, weight2, bias2, approximate)

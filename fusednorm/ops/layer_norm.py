@@ -1,7 +1,8 @@
 """fusednorm::layer_norm (csrc/ops/layer_norm.cpp): fake kernel and Function name."""
 from __future__ import annotations
 
-from ._library import check_devices, leading_rows, overload, register_fake, require_library, row_stat
+from ._library import (call_op, check_devices, leading_rows, overload, register_fake,
+                       require_library, row_stat)
 
 LAYER_NORM = overload("layer_norm")
 
@@ -24,4 +25,4 @@ class FusedLayerNormFunction:
     @staticmethod
     def apply(input, normalized_shape, weight, bias, eps):
         require_library()
-        return LAYER_NORM(input, normalized_shape, weight, bias, eps)
+        return call_op(LAYER_NORM, input, normalized_shape, weight, bias, eps)

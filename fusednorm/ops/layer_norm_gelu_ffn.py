@@ -2,8 +2,8 @@
 Function name."""
 from __future__ import annotations
 
-from ._library import (check_devices, leading_rows, overload, register_fake, require_library,
-                       row_stat)
+from ._library import (call_op, check_devices, leading_rows, overload, register_fake,
+                       require_library, row_stat)
 
 LAYER_NORM_GELU_FFN = overload("layer_norm_gelu_ffn")
 
@@ -28,6 +28,6 @@ class LayerNormGeluFFNFunction:
     @staticmethod
     def apply(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate):
         require_library()
-        return LAYER_NORM_GELU_FFN(
+        return call_op(LAYER_NORM_GELU_FFN, 
             input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate
         )
