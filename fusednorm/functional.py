@@ -32,7 +32,7 @@ def _normalized_shape_tuple(normalized_shape: int | Sequence[int],
     if isinstance(normalized_shape, int):
         return (normalized_shape,)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, (list, tuple)):
-        if all(isinstance(d, int) for d in normalized_shape):
+        if all(isinstance(d, (int, torch.SymInt)) for d in normalized_shape):
             return tuple(normalized_shape)
     raise FusedTypeError(
         f"{fn}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"

@@ -159,3 +159,13 @@ def test_op_errors(call, pattern):
     with pytest.raises(RuntimeError, match=pattern):
         call()
 
+
+
+def test_compiled_call_rejects_while_tracing():
+    """Under torch.compile the op's fake kernel runs the same checks: the trace stops with a
+    RuntimeError carrying fusednorm's message (as PyTorch's own ops do), not a plain
+    ValueError from the compiled graph's first run."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: fusednorm.layer_norm(x, (8,), w), fullgraph=True)
+    with pytest.raises(RuntimeError, match="weight must have shape normalized_shape"):
+        compiled(X, torch.ones(7))

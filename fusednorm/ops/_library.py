@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import _loader
-from ..errors import OP_ERRORS, FusedValueError, as_argument_error
+from ..errors import OP_ERRORS, as_argument_error
 
 OPS = torch.ops.fusednorm if _loader.AVAILABLE else None
 # fusednorm._fast: direct entries into the same ops, about 2 us faster per call than
@@ -46,14 +46,6 @@ def row_stat(input: torch.Tensor, rows) -> torch.Tensor:
 def leading_rows(input: torch.Tensor, trailing_dims: int):
     """The number of rows when the last `trailing_dims` dims of input form a row."""
     return math.prod(input.shape[: input.dim() - trailing_dims])
-
-
-def check_devices(fn: str, input: torch.Tensor, **tensors) -> None:
-    """A fake kernel also serves meta tensors, which may come mixed with real ones (the
-    dispatcher picks the meta kernel then): the device check of the C++ op, repeated."""
-    for name, t in tensors.items():
-        if t is not None and t.device != input.device:
-            raise FusedValueError(f"{fn}: {name} is on {t.device} but input is on {input.device}")
 
 
 def call_op(op, *args):

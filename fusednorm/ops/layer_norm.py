@@ -1,7 +1,7 @@
 """fusednorm::layer_norm (csrc/ops/layer_norm.cpp): fake kernel and Function name."""
 from __future__ import annotations
 
-from ._library import (call_op, check_devices, leading_rows, overload, register_fake,
+from ._library import (call_op, leading_rows, overload, register_fake,
                        require_library, row_stat)
 
 LAYER_NORM = overload("layer_norm")
@@ -9,7 +9,8 @@ LAYER_NORM = overload("layer_norm")
 
 @register_fake("layer_norm")
 def _fake(input, normalized_shape, weight, bias, eps):
-    check_devices("fusednorm.layer_norm", input, weight=weight, bias=bias)
+    from ..functional import _check_layer_norm_call
+    _check_layer_norm_call(input, normalized_shape, weight, bias, eps)
     rows = leading_rows(input, len(normalized_shape))
     return input.new_empty(input.shape), row_stat(input, rows), row_stat(input, rows)
 
