@@ -63,7 +63,8 @@ def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_
     if not isinstance(input, torch.Tensor):
         raise FusedTypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
     if input.dtype not in _FLOAT_DTYPES:
-        raise FusedTypeError(f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}")
+        raise FusedTypeError(
+            f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}")
     if not shape or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise FusedValueError(
             f"{fn}: normalized_shape={list(shape)} must be non-empty and equal "
@@ -88,13 +89,14 @@ def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
         if not isinstance(residual, torch.Tensor):
             raise FusedTypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
         if residual.shape != input.shape:
-            raise FusedValueError(f"{fn}: residual must have the input's shape {list(input.shape)}, "
-                             f"got {list(residual.shape)}")
+            raise FusedValueError(f"{fn}: residual must have the input's shape "
+                                  f"{list(input.shape)}, got {list(residual.shape)}")
         if residual.device != input.device:
-            raise FusedValueError(f"{fn}: residual is on {residual.device} but input is on {input.device}")
+            raise FusedValueError(
+                f"{fn}: residual is on {residual.device} but input is on {input.device}")
         if residual.dtype != input.dtype:
             raise FusedTypeError(f"{fn}: residual must have the input's dtype ({input.dtype}), "
-                            f"got {residual.dtype}")
+                                 f"got {residual.dtype}")
 
 
 def _autocast_to_fp32(input, weight, bias):
@@ -294,7 +296,8 @@ def _check_gelu_ffn_args(fn: str, input, weight1, bias1, weight2, bias2, approxi
         {"weight1": weight1, "bias1": bias1, "weight2": weight2, "bias2": bias2},
     )
     if input.dim() < 1:
-        raise FusedValueError(f"{fn}: input must have at least one dim (the features), got a scalar")
+        raise FusedValueError(
+            f"{fn}: input must have at least one dim (the features), got a scalar")
     in_features = input.shape[-1]
     if weight1.dim() != 2 or weight1.shape[1] != in_features:
         raise FusedValueError(
