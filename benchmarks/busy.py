@@ -17,8 +17,7 @@ from typing import Sequence
 BUSY_PREFIX = "other work kept"  # how the warning starts (plots pick it out by it)
 
 # Share of all CPUs' time that other processes may take during a run before its CPU timings
-# are called unreliable: a quiet machine's daemons take about 1%, one more busy process on
-# the 2-core machine 50%.
+# are called unreliable: one more busy process on the 2-core machine takes 50%.
 OTHERS_LIMIT = 0.10
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
