@@ -94,7 +94,7 @@ if [[ ,$extras, == *,models,* ]]; then
     if spec=$("$PYTHON" scripts/torchvision_for_torch.py); then
       mapfile -t vision <<< "$spec"
     else
-      say "WARNING: timm cannot run here, so the timm tests will skip: it needs torchvision, and $spec"
+      say "WARNING: not installing timm (it imports torchvision), so the timm tests will skip: $spec"
       read -r -a missing <<< "$(printf '%s\n' "${missing[@]}" | grep -v '^timm' | tr '\n' ' ')"
     fi
   fi

@@ -47,7 +47,7 @@ def pip_arguments(torch_version: str, probe=reachable) -> tuple[list[str], str |
     why = probe(f"{index}/torchvision/")
     if why is not None:
         return [], (
-            f"torch {torch_version} is the '{variant}' build, and the torchvision built for it "
+            f"torch {torch_version} is the '{variant}' build; the torchvision built for it "
             f"({requirement}) comes only from {index}, which could not be reached ({why}); "
             "PyPI's torchvision is built for PyPI's torch and does not import beside it. "
             f"Where that index is reachable: pip install '{requirement}' --extra-index-url {index}"
