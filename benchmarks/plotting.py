@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .harness import BUSY_PREFIX
+from .busy import BUSY_PREFIX
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import checks, harness, stamp
+from . import busy, checks, harness, stamp
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -220,10 +220,7 @@ def run(
     result = stamp.header(settings.suite, device)
     if device.type == "cpu":
         result["cpu_memory"] = harness.cpu_memory()
-    busy = harness.busy_note(device)
-    if busy:
-        settings.notes.append(busy)
-        print(f"[{settings.suite}] warning: {busy}", file=sys.stderr)
+    cpu_start = busy.sample()
     # The copy probe runs in turns with every pass of every case (a third of a provider's
     # budget): this VM's bandwidth moved 1.5x within one run, and one probe before and after
     # the cases put the rows of a slow phase at a low % of copy that was not theirs.
@@ -272,10 +269,13 @@ def run(
                 del per_provider
             del case, good
     del probe
-    drift = harness.drift_note(copy_seen[1:])  # the probes timed with the cases
-    if drift:
-        settings.notes.append(drift)
-        print(f"[{settings.suite}] warning: {drift}", file=sys.stderr)
+    warning = (busy.busy_note(cpu_start, busy.sample(), copy_seen[1:])
+               if device.type == "cpu" else None)  # the probes timed with the cases
+    if warning:
+        settings.notes.append(warning)
+        print(f"[{settings.suite}] warning: {warning}", file=sys.stderr)
+    elif device.type == "cpu" and (spread := busy.probe_spread(copy_seen[1:])):
+        settings.notes.append(f"No other process competed for the CPUs; {spread}.")
     settings.notes.extend(harness.notes())
     if device.type == "cpu":
         settings.notes.append(harness.allocator_note())

@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from . import _loader, ops, reference
+from .errors import OP_ERRORS, FusedTypeError, FusedValueError, as_argument_error
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Each function below calls its op through _call: first its direct entry (ops.FAST), which
@@ -32,9 +33,9 @@ def _normalized_shape_tuple(normalized_shape: int | Sequence[int],
     if isinstance(normalized_shape, int):
         return (normalized_shape,)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, (list, tuple)):
-        if all(isinstance(d, int) for d in normalized_shape):
+        if all(isinstance(d, (int, torch.SymInt)) for d in normalized_shape):
             return tuple(normalized_shape)
-    raise TypeError(
+    raise FusedTypeError(
         f"{fn}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
     )
 
@@ -44,33 +45,34 @@ def _check_param(name: str, param, input: torch.Tensor, shape: tuple[int, ...],
     if param is None:
         return
     if not isinstance(param, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a Tensor or None, got {type(param).__name__}")
+        raise FusedTypeError(f"{fn}: {name} must be a Tensor or None, got {type(param).__name__}")
     if tuple(param.shape) != shape:
-        raise ValueError(
+        raise FusedValueError(
             f"{fn}: {name} must have shape normalized_shape={list(shape)}, got {list(param.shape)}"
         )
     if param.device != input.device:
-        raise RuntimeError(f"{fn}: {name} is on {param.device} but input is on {input.device}")
+        raise FusedValueError(f"{fn}: {name} is on {param.device} but input is on {input.device}")
     # Which parameter dtypes go with which input is the compiled op's rule (it raises its
     # own TypeError); the reference path computes in the accumulation type whatever they are.
 
 
 def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_norm") -> None:
     if not isinstance(input, torch.Tensor):
-        raise TypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
+        raise FusedTypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
     if input.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}")
+        raise FusedTypeError(
+            f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}")
     if not shape or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
-        raise ValueError(
+        raise FusedValueError(
             f"{fn}: normalized_shape={list(shape)} must be non-empty and equal "
             f"the trailing dims of input, whose shape is {list(input.shape)}"
         )
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
-        raise ValueError(f"{fn}: eps must be a float >= 0, got {eps!r}")
+        raise FusedValueError(f"{fn}: eps must be a float >= 0, got {eps!r}")
     _check_param("weight", weight, input, shape, fn)
     _check_param("bias", bias, input, shape, fn)
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise TypeError(
+        raise FusedTypeError(
             f"{fn}: weight and bias must share a dtype, got {weight.dtype} and {bias.dtype}"
         )
 
@@ -82,15 +84,16 @@ def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
     _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
     if has_residual:
         if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
+            raise FusedTypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
         if residual.shape != input.shape:
-            raise ValueError(f"{fn}: residual must have the input's shape {list(input.shape)}, "
-                             f"got {list(residual.shape)}")
+            raise FusedValueError(f"{fn}: residual must have the input's shape "
+                                  f"{list(input.shape)}, got {list(residual.shape)}")
         if residual.device != input.device:
-            raise RuntimeError(f"{fn}: residual is on {residual.device} but input is on {input.device}")
+            raise FusedValueError(
+                f"{fn}: residual is on {residual.device} but input is on {input.device}")
         if residual.dtype != input.dtype:
-            raise TypeError(f"{fn}: residual must have the input's dtype ({input.dtype}), "
-                            f"got {residual.dtype}")
+            raise FusedTypeError(f"{fn}: residual must have the input's dtype ({input.dtype}), "
+                                 f"got {residual.dtype}")
 
 
 def _autocast_to_fp32(input, weight, bias):
@@ -114,17 +117,21 @@ def _warn_fallback(device_type: str, instead: str = "the plain-PyTorch reference
         warnings.warn(f"{reason}; using {instead}", RuntimeWarning, stacklevel=5)
 
 
-def _explain(error: RuntimeError, input, backend_op: str, check, *args) -> None:
+def _explain(error: Exception, input, backend_op: str, check, *args) -> None:
     """The compiled op raised `error`. Raise the Python error that names a bad argument if
     check(*args) finds one; return when the input's device has no compiled kernel (the
-    caller falls back to the reference); re-raise `error` otherwise."""
+    caller falls back to the reference); re-raise `error` otherwise (a plain TypeError or
+    ValueError of the op's checks as fusednorm's, which is a RuntimeError too)."""
     try:
         check(*args)
     except (TypeError, ValueError, RuntimeError) as bad_argument:
         raise bad_argument from None
     if not _loader.has_kernel(backend_op, input.device.type):
         return
-    raise error
+    argument_error = as_argument_error(error)
+    if argument_error is error:
+        raise error
+    raise argument_error from None
 
 
 def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback):
@@ -142,7 +149,7 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
     if op is not None:
         try:
             result = op(*args)
-        except RuntimeError as error:
+        except OP_ERRORS as error:
             _explain(error, args[0], backend_op, check, *args)
         else:
             return result[0] if outputs == 1 else tuple(result[:outputs])
@@ -267,50 +274,51 @@ def _check_ffn_tensors(fn: str, input, tensors: dict) -> None:
     """input is a floating tensor; each of `tensors` (name -> tensor or None) is None or a
     tensor on input's device with input's dtype."""
     if not isinstance(input, torch.Tensor):
-        raise TypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
+        raise FusedTypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
     if input.dtype not in _FLOAT_DTYPES:
-        raise TypeError(
+        raise FusedTypeError(
             f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}"
         )
     for name, t in tensors.items():
         if t is None:
             continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a Tensor, got {type(t).__name__}")
+            raise FusedTypeError(f"{fn}: {name} must be a Tensor, got {type(t).__name__}")
         if t.device != input.device:
-            raise RuntimeError(f"{fn}: {name} is on {t.device} but input is on {input.device}")
+            raise FusedValueError(f"{fn}: {name} is on {t.device} but input is on {input.device}")
         if t.dtype != input.dtype:
-            raise TypeError(
+            raise FusedTypeError(
                 f"{fn}: {name} must have the input's dtype ({input.dtype}), got {t.dtype}"
             )
 
 
 def _check_gelu_ffn_args(fn: str, input, weight1, bias1, weight2, bias2, approximate) -> None:
     if not isinstance(approximate, str) or approximate not in _APPROXIMATE:
-        raise ValueError(f"{fn}: approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise FusedValueError(f"{fn}: approximate must be 'none' or 'tanh', got {approximate!r}")
     if weight1 is None or weight2 is None:
-        raise TypeError(f"{fn}: weight1 and weight2 must be Tensors, got None")
+        raise FusedTypeError(f"{fn}: weight1 and weight2 must be Tensors, got None")
     _check_ffn_tensors(
         fn, input,
         {"weight1": weight1, "bias1": bias1, "weight2": weight2, "bias2": bias2},
     )
     if input.dim() < 1:
-        raise ValueError(f"{fn}: input must have at least one dim (the features), got a scalar")
+        raise FusedValueError(
+            f"{fn}: input must have at least one dim (the features), got a scalar")
     in_features = input.shape[-1]
     if weight1.dim() != 2 or weight1.shape[1] != in_features:
-        raise ValueError(
+        raise FusedValueError(
             f"{fn}: weight1 must have shape [hidden, {in_features}] to match input of shape "
             f"{list(input.shape)}, got {list(weight1.shape)}"
         )
     hidden = weight1.shape[0]
     if weight2.dim() != 2 or weight2.shape[1] != hidden:
-        raise ValueError(
+        raise FusedValueError(
             f"{fn}: weight2 must have shape [out_features, {hidden}] to match weight1 of shape "
             f"{list(weight1.shape)}, got {list(weight2.shape)}"
         )
     for name, bias, size in (("bias1", bias1, hidden), ("bias2", bias2, weight2.shape[0])):
         if bias is not None and tuple(bias.shape) != (size,):
-            raise ValueError(f"{fn}: {name} must have shape [{size}], got {list(bias.shape)}")
+            raise FusedValueError(f"{fn}: {name} must have shape [{size}], got {list(bias.shape)}")
 
 
 def _autocast_linear_dtype(device_type: str, tensors: list) -> list:
@@ -377,7 +385,7 @@ def _check_layer_norm_gelu_ffn_call(
     _check_gelu_ffn_args(fn, input, weight1, bias1, weight2, bias2, approximate)
     d = input.shape[-1]
     if weight2.shape[0] != d:
-        raise ValueError(
+        raise FusedValueError(
             f"{fn}: weight2 must have shape [{d}, {weight1.shape[0]}] for the residual "
             f"connection to input of shape {list(input.shape)}, got {list(weight2.shape)}"
         )

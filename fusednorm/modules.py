@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from . import functional
+from .errors import FusedValueError
 
 
 class FusedLayerNorm(nn.LayerNorm):
@@ -50,7 +51,7 @@ class FusedHFRMSNorm(nn.Module):
 
 def _check_approximate(approximate: str) -> str:
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise FusedValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return approximate
 
 

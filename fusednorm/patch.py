@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
+from .errors import FusedTypeError
 from .layer_norm_2d import FusedLayerNorm2d
 from .modules import FusedHFRMSNorm, FusedLayerNorm, FusedRMSNorm
 
@@ -134,9 +135,20 @@ def _plan(model: nn.Module, families: Optional[tuple[str, ...]]) -> NormReport:
     return NormReport(tuple(entries))
 
 
+# The families each replace function swaps.
+REPLACE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "replace_layernorm": ("layer_norm",),
+    "replace_norms": ("layer_norm", "rms_norm"),
+}
+
+
 def _why_not(module: nn.Module, cls: str) -> str:
     if cls in SWAPS:
-        return f"swapped by another replace function ({SWAPS[cls].family})"
+        family = SWAPS[cls].family
+        by = [f"fusednorm.{name}" for name, families in REPLACE_FAMILIES.items()
+              if family in families]
+        return (f"swapped by {' or '.join(by)} ({family} family)" if by
+                else f"swapped by another replace function ({family} family)")
     if isinstance(module, nn.LayerNorm):
         return "a subclass of nn.LayerNorm not known to compute F.layer_norm"
     return "no fusednorm equivalent"
@@ -153,7 +165,7 @@ def norm_report(model: nn.Module) -> NormReport:
           fused: 25 fusednorm.modules.FusedLayerNorm
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"norm_report: model must be an nn.Module, got {type(model).__name__}")
+        raise FusedTypeError(f"norm_report: model must be an nn.Module, got {type(model).__name__}")
     return _plan(model, None)
 
 
@@ -162,7 +174,7 @@ def swap_modules(model: nn.Module, families: tuple[str, ...], caller: str) -> No
     logs what it did at INFO level on the "fusednorm" logger, and warns when the model has
     norm modules but none is or becomes fusednorm's. Returns the plan it carried out."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{caller}: model must be an nn.Module, got {type(model).__name__}")
+        raise FusedTypeError(f"{caller}: model must be an nn.Module, got {type(model).__name__}")
     plan = _plan(model, families)
     for entry in plan.entries:
         if entry.action == "swap":
@@ -202,7 +214,7 @@ def replace_layernorm(model: nn.Module) -> nn.Module:
     when the model has norm modules but none was swapped. fusednorm.norm_report(model)
     lists every norm module and what became of it.
     """
-    swap_modules(model, ("layer_norm",), "replace_layernorm")
+    swap_modules(model, REPLACE_FAMILIES["replace_layernorm"], "replace_layernorm")
     return model
 
 
@@ -211,5 +223,5 @@ def replace_norms(model: nn.Module) -> nn.Module:
     Hugging Face's LlamaRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm, MistralRMSNorm
     (-> FusedHFRMSNorm, which keeps their order of operations). In place, same Parameter
     objects; returns the model. Logging, warning and norm_report as replace_layernorm's."""
-    swap_modules(model, ("layer_norm", "rms_norm"), "replace_norms")
+    swap_modules(model, REPLACE_FAMILIES["replace_norms"], "replace_norms")
     return model

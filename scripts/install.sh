@@ -5,15 +5,17 @@
 #   1. torch: any torch >= 2.11 already installed is kept. Otherwise torch is installed,
 #      the CPU-only wheel when this Linux machine has no NVIDIA driver or
 #      FUSEDNORM_CPU_ONLY=1 (the CUDA wheels weigh gigabytes).
-#   2. compile: `setup.py build_ext --inplace` when fusednorm/_build_stamp.py finds the
+#   2. compile: the build tools and numpy first (torch warns "Failed to initialize NumPy"
+#      at import without it), then `setup.py build_ext --inplace` when fusednorm/_build_stamp.py finds the
 #      library missing or stale (sources, torch or build knobs changed), with the compiler's
 #      progress shown; ninja keeps its objects in build/, so a rebuild compiles only the
 #      files that changed. The CUDA kernels are built when torch is a CUDA build and nvcc
 #      is found (FUSEDNORM_CPU_ONLY=1: never).
 #   3. register: `pip install -e ".[extras]"` without compiling again, when this checkout
 #      is not yet what `import fusednorm` finds or an extra's requirement is missing.
-#   4. with "models" among the extras: transformers and timm (+ torchvision), pinned to the
-#      installed torch; where that cannot be done the model tests skip, with a warning here.
+#   4. with "models" among the extras: transformers and timm, with the torchvision built for
+#      the installed torch (scripts/torchvision_for_torch.py), torch pinned; where that
+#      cannot be done the model tests skip, with a warning here that says why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -43,9 +45,10 @@ fi
 torch_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))')
 
 # 2. compile
-if ! "$PYTHON" -c 'import ninja, setuptools, wheel, sys
-sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' 2>/dev/null; then
-  pip_install ninja "setuptools>=64" wheel
+# setuptools >= 77 reads pyproject's SPDX license string (its [build-system] requirement).
+if ! "$PYTHON" -c 'import ninja, numpy, setuptools, wheel, sys
+sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
+  pip_install ninja numpy "setuptools>=77" wheel
 fi
 if stale=$("$PYTHON" fusednorm/_build_stamp.py build); then
   say "compiled library up to date (sources, torch and build knobs unchanged): not rebuilding"
@@ -75,22 +78,35 @@ else
 fi
 
 # 4. model libraries, without letting them replace torch
+importable() { "$PYTHON" -c "import $1" 2>/dev/null; }
+installed() { "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$1"; }
 if [[ ,$extras, == *,models,* ]]; then
+  # A torchvision built for another torch build fails at import ("operator torchvision::nms
+  # does not exist") and takes transformers' model classes down with it.
+  if installed torchvision && ! importable torchvision; then
+    say "torchvision does not import beside torch $torch_version (built for another torch): uninstalling it"
+    "$PYTHON" -m pip uninstall --yes --disable-pip-version-check torchvision
+  fi
   read -r -a missing <<< "$("$PYTHON" fusednorm/_build_stamp.py missing models | tr '\n' ' ')"
-  if [[ ${#missing[@]} -gt 0 ]]; then
-    say "installing ${missing[*]} for the model-library tests (torch pinned to $torch_version)"
-    if ! pip_install "torch==$torch_version" torchvision "${missing[@]}"; then
-      say "WARNING: could not install ${missing[*]}: the transformers/timm tests will skip." \
-          "Install them by hand with: $PYTHON -m pip install torch==$torch_version torchvision ${missing[*]}"
+  vision=()
+  if ! installed torchvision && { [[ " ${missing[*]} " == *" timm"* ]] || installed timm; }; then
+    # timm imports torchvision: install the one built for this torch, or leave timm out.
+    if spec=$("$PYTHON" scripts/torchvision_for_torch.py); then
+      mapfile -t vision <<< "$spec"
+    else
+      say "WARNING: not installing timm (it imports torchvision), so the timm tests will skip: $spec"
+      read -r -a missing <<< "$(printf '%s\n' "${missing[@]}" | grep -v '^timm' | tr '\n' ' ')"
     fi
   fi
-  # A torchvision built for another torch build (PyPI's beside a local torch wheel) fails at
-  # import ("operator torchvision::nms does not exist") and takes transformers' model
-  # classes down with it; transformers runs without torchvision, timm does not (its tests
-  # then skip).
-  if "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torchvision") is None)' &&
-     ! "$PYTHON" -c 'import torchvision' 2>/dev/null; then
-    say "WARNING: torchvision does not import beside torch $torch_version; uninstalling it" \
+  if [[ ${#missing[@]} -gt 0 || ${#vision[@]} -gt 0 ]]; then
+    say "installing ${vision[0]:+${vision[0]} }${missing[*]} for the model-library tests (torch pinned to $torch_version)"
+    if ! pip_install "torch==$torch_version" "${vision[@]}" "${missing[@]}"; then
+      say "WARNING: could not install ${missing[*]} (see above): the transformers/timm tests will skip." \
+          "Install them by hand with: $PYTHON -m pip install torch==$torch_version ${vision[*]} ${missing[*]}"
+    fi
+  fi
+  if installed torchvision && ! importable torchvision; then
+    say "WARNING: the torchvision installed does not import beside torch $torch_version; uninstalling it" \
         "(transformers works without it; the timm tests will skip)"
     "$PYTHON" -m pip uninstall --yes --disable-pip-version-check torchvision
   fi

@@ -8,14 +8,15 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import fusednorm
-from benchmarks import (bench_gelu_ffn, bench_layer_norm, cli, harness, plotting, run_all, runner,
-                        stamp)
+from benchmarks import (bench_gelu_ffn, bench_layer_norm, busy, cli, harness, plotting, run_all,
+                        runner, stamp)
 
 TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build", "commit", "date",
             "cpu_memory", "copy_gbps", "rows"]
@@ -207,21 +208,55 @@ def test_plots_are_stamped():
     quiet = plotting.stamp_lines(result, ["Timing: ..."])
     assert quiet == ["gelu_ffn on Some CPU (cpu)",
                      "torch 2.14.1 · commit 0123456789ab-dirty · 2026-01-02T03:04:05+00:00"]
-    busy = plotting.stamp_lines(result, ["other work kept 90% of the CPUs busy when the run "
-                                         "started: timings are noisy"])
-    assert busy[:2] == quiet and busy[2].startswith("WARNING: other work kept 90%")
+    warned = plotting.stamp_lines(result, ["other work kept 90% of the CPUs busy when the run "
+                                           "started: timings are noisy"])
+    assert warned[:2] == quiet and warned[2].startswith("WARNING: other work kept 90%")
 
 
-def test_drifting_copy_bandwidth_is_flagged():
-    # Probes within DRIFT_LIMIT of each other: a quiet run, no note.
-    assert harness.drift_note([40.0, 45.0, 48.0]) is None
-    assert harness.drift_note([40.0]) is None
-    note = harness.drift_note([26.4, 47.3, 33.0])
-    assert note.startswith(harness.BUSY_PREFIX) and "26.4-47.3 GB/s (1.79x)" in note
-    # The plots show it as a warning, like a busy machine's.
+def _cpu(busy_s, total_s, own_s, steal_s=0.0):
+    return busy.CpuTimes(busy_s=busy_s, total_s=total_s, steal_s=steal_s, own_s=own_s)
+
+
+def test_busy_warning_counts_other_processes_only():
+    start = _cpu(100.0, 1000.0, 10.0)
+    # Our own run kept both CPUs busy (60 of 60 CPU-seconds), the probes spread 1.8x: quiet.
+    assert busy.busy_note(start, _cpu(160.0, 1060.0, 70.0), [26.4, 47.3, 33.0]) is None
+    # Others took 5 of 60 CPU-seconds (8%): under the limit.
+    assert busy.busy_note(start, _cpu(165.0, 1060.0, 70.0)) is None
+    # Others took 30 of 60 (50%, a third of it steal): warned, with what was seen.
+    note = busy.busy_note(start, _cpu(150.0, 1060.0, 30.0, steal_s=10.0), [26.4, 47.3, 33.0])
+    assert note.startswith(busy.BUSY_PREFIX)
+    assert "took 50% of all CPUs' time (30 of 60 CPU-seconds; 17% was steal" in note
+    assert "26.4-47.3 GB/s (1.79x)" in note
+    assert busy.busy_note(None, start) is None and busy.busy_note(start, start) is None
+    # The plots show it as a warning.
     lines = plotting.stamp_lines({"suite": "s", "device": "d", "device_kind": "cpu",
                                   "torch": "t", "commit": "c", "date": "x"}, [note])
-    assert lines[2].startswith("WARNING: " + harness.BUSY_PREFIX)
+    assert lines[2].startswith("WARNING: " + busy.BUSY_PREFIX)
+
+
+_BURN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
+
+
+@pytest.mark.skipif(busy.sample() is None, reason="needs Linux's /proc")
+def test_busy_sample_tells_our_children_from_other_processes(tmp_path):
+    """CPU time of a child counts as ours; that of a process outside our tree (a detached
+    grandchild, reparented away from us) as other work, and it is warned about."""
+    start = busy.sample()
+    subprocess.run([sys.executable, "-c", _BURN.format(s=0.5)], check=True)
+    assert busy.sample().own_s - start.own_s >= 0.45
+    done = tmp_path / "done"
+    burn = _BURN.format(s=1.0) + f"open({str(done)!r}, 'w').close()\n"
+    launcher = ("import subprocess, sys\n"
+                "subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True)\n")
+    start = busy.sample()
+    subprocess.run([sys.executable, "-c", launcher, burn], check=True)
+    deadline = time.monotonic() + 60
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    end = busy.sample()
+    assert end.busy_s - start.busy_s - (end.own_s - start.own_s) >= 0.9
+    assert busy.busy_note(start, end).startswith(busy.BUSY_PREFIX)
 
 
 def test_replot_redraws_from_the_results_files(tmp_path):

@@ -115,7 +115,7 @@ def test_resume_training_with_fused_layernorm(tmp_path, how):
 def test_transformers_save_pretrained_round_trip(tmp_path):
     """A transformers model after replace_layernorm saves with save_pretrained and loads
     with from_pretrained (from the local directory) into a plain model, and back."""
-    transformers = pytest.importorskip("transformers", reason="needs transformers (test extra)")
+    transformers = pytest.importorskip("transformers", reason="needs transformers (models extra)")
     config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2,
                                      n_head=2, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)

@@ -1,9 +1,12 @@
 """Every bad input of docs/DESIGN.md's Errors section raises a Python exception naming the
-argument; the compiled ops defend themselves too."""
+argument, which is a RuntimeError too (what PyTorch raises for the same bad call); the
+compiled ops defend themselves too."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import fusednorm
 
@@ -14,34 +17,118 @@ def ln(x, shape=(8,), weight=None, bias=None, eps=1e-5):
     return fusednorm.layer_norm(x, shape, weight, bias, eps)
 
 
+def rms(x, shape=(8,), weight=None, eps=None):
+    return fusednorm.rms_norm(x, shape, weight, eps)
+
+
+def add_ln(x, residual, shape=(8,), weight=None, bias=None):
+    return fusednorm.add_layer_norm(x, residual, shape, weight, bias)
+
+
+def add_rms(x, residual, shape=(8,), weight=None):
+    return fusednorm.add_rms_norm(x, residual, shape, weight)
+
+
+def ffn(x, w1, b1, w2, b2, approximate="none"):
+    return fusednorm.gelu_ffn(x, w1, b1, w2, b2, approximate)
+
+
+def block(x, w1, w2, ln_weight=None, ln_bias=None, eps=1e-5):
+    return fusednorm.functional.layer_norm_gelu_ffn(x, ln_weight, ln_bias, eps, w1, None, w2,
+                                                    None, "none")
+
+
 X = torch.randn(4, 8)
+W1, W2 = torch.randn(16, 8), torch.randn(8, 16)
+META = torch.ones(8, device="meta")
+
+# (fusednorm's call, PyTorch's call of the same mistake or None, error, pattern). Every error
+# is also a RuntimeError, and an instance of what PyTorch raises (all RuntimeError but for
+# arguments of the wrong Python type: TypeError), so `except RuntimeError` around a drop-in
+# keeps working.
+CASES = [
+    (lambda: ln(X, (7,)), lambda: F.layer_norm(X, (7,)), ValueError, "normalized_shape"),
+    (lambda: ln(X, (4, 8, 1)), lambda: F.layer_norm(X, (4, 8, 1)), ValueError, "normalized_shape"),
+    (lambda: ln(X, ()), lambda: F.layer_norm(X, ()), ValueError, "normalized_shape"),
+    (lambda: ln(X, "8"), lambda: F.layer_norm(X, "8"), TypeError, "normalized_shape"),
+    (lambda: ln(X, (8,), torch.ones(7)), lambda: F.layer_norm(X, (8,), torch.ones(7)), ValueError, "weight"),
+    (lambda: ln(X, (8,), None, torch.ones(4, 2)), lambda: F.layer_norm(X, (8,), None, torch.ones(4, 2)),
+     ValueError, "bias"),
+    (lambda: ln(X, (8,), torch.ones(8, dtype=torch.float16)),
+     lambda: F.layer_norm(X, (8,), torch.ones(8, dtype=torch.float16)), TypeError, "weight"),
+    (lambda: ln(X.double(), (8,), torch.ones(8)), lambda: F.layer_norm(X.double(), (8,), torch.ones(8)),
+     TypeError, "weight"),
+    (lambda: ln(X.half(), (8,), torch.ones(8), torch.ones(8, dtype=torch.half)),
+     lambda: F.layer_norm(X.half(), (8,), torch.ones(8), torch.ones(8, dtype=torch.half)),
+     TypeError, "weight and bias"),
+    (lambda: ln(X, (8,), [1.0] * 8), lambda: F.layer_norm(X, (8,), [1.0] * 8), TypeError, "weight"),
+    (lambda: ln(X.to(torch.int32)), lambda: F.layer_norm(X.to(torch.int32), (8,)), TypeError, "input"),
+    (lambda: ln(X.to(torch.complex64)), lambda: F.layer_norm(X.to(torch.complex64), (8,)), TypeError, "input"),
+    (lambda: ln(X.bool()), lambda: F.layer_norm(X.bool(), (8,)), TypeError, "input"),
+    (lambda: ln(X.tolist()), lambda: F.layer_norm(X.tolist(), (8,)), TypeError, "input"),
+    (lambda: ln(X, eps=-1e-5), None, ValueError, "eps"),  # PyTorch takes it
+    (lambda: ln(X, eps=float("nan")), None, ValueError, "eps"),
+    (lambda: ln(X, (8,), META), lambda: F.layer_norm(X, (8,), META), ValueError, "weight is on meta"),
+    (lambda: fusednorm.FusedLayerNorm(16)(X), lambda: nn.LayerNorm(16)(X), ValueError,
+     r"normalized_shape=\[16\]"),
+    (lambda: fusednorm.FusedLayerNormFunction.apply(X, (7,), None, None, 1e-5),
+     lambda: F.layer_norm(X, (7,)), ValueError, "normalized_shape"),
+    (lambda: rms(X, (7,)), lambda: F.rms_norm(X, (7,)), ValueError, "normalized_shape"),
+    (lambda: rms(X, (8,), torch.ones(7)), lambda: F.rms_norm(X, (8,), torch.ones(7)), ValueError, "weight"),
+    (lambda: rms(X.to(torch.int64)), lambda: F.rms_norm(X.to(torch.int64), (8,)), TypeError, "input"),
+    (lambda: rms(X, (8,), torch.ones(8, dtype=torch.float64)), None, TypeError, "weight"),  # PyTorch upcasts
+    (lambda: fusednorm.FusedRMSNorm(16)(X), lambda: nn.RMSNorm(16)(X), ValueError, "normalized_shape"),
+    (lambda: add_ln(X, torch.randn(4, 7)), lambda: X + torch.randn(4, 7), ValueError, "residual"),
+    (lambda: add_ln(X, X.double()), None, TypeError, "residual"),
+    (lambda: add_ln(X, X.to("meta")), None, ValueError, "residual is on meta"),
+    (lambda: add_ln(X, X, (8,), torch.ones(5)), None, ValueError, "weight"),
+    (lambda: add_rms(X, [1.0]), None, TypeError, "residual"),
+    (lambda: add_rms(X, X, (7,)), None, ValueError, "normalized_shape"),
+    (lambda: ffn(X, torch.randn(16, 7), None, W2, None), lambda: F.linear(X, torch.randn(16, 7)),
+     ValueError, "weight1"),
+    (lambda: ffn(X, W1, None, torch.randn(8, 15), None), None, ValueError, "weight2"),
+    (lambda: ffn(X, W1, torch.randn(15), W2, None), lambda: F.linear(X, W1, torch.randn(15)),
+     ValueError, "bias1"),
+    (lambda: ffn(X, W1, None, W2, None, "fast"), lambda: F.gelu(X, approximate="fast"),
+     ValueError, "approximate"),
+    (lambda: ffn(X, W1.double(), None, W2, None), lambda: F.linear(X, W1.double()), TypeError, "weight1"),
+    (lambda: ffn(X, None, None, W2, None), None, TypeError, "weight1 and weight2"),
+    (lambda: ffn(X.to(torch.int32), W1, None, W2, None), None, TypeError, "input"),
+    (lambda: fusednorm.GeluFFNFunction.apply(X, torch.randn(16, 7), None, W2, None, "none"),
+     lambda: F.linear(X, torch.randn(16, 7)), ValueError, "weight1"),
+    (lambda: fusednorm.FusedGeluFFN(8, approximate="fast"), None, ValueError, "approximate"),
+    (lambda: block(X, W1, torch.randn(7, 16)), None, ValueError, "weight2"),
+    (lambda: block(X, W1, W2, torch.ones(7)), None, ValueError, "weight"),
+    (lambda: block(X, W1, W2, eps=-1.0), None, ValueError, "eps"),
+    (lambda: fusednorm.LayerNormGeluFFNFunction.apply(X, None, None, 1e-5, W1, None,
+                                                      torch.randn(7, 16), None, "none"),
+     None, ValueError, "weight2"),
+    (lambda: fusednorm.replace_layernorm([nn.LayerNorm(8)]), None, TypeError, "model"),
+    (lambda: fusednorm.norm_report(None), None, TypeError, "model"),
+]
 
 
-@pytest.mark.parametrize(
-    "call, error, pattern",
-    [
-        (lambda: ln(X, (7,)), ValueError, "normalized_shape"),
-        (lambda: ln(X, (4, 8, 1)), ValueError, "normalized_shape"),
-        (lambda: ln(X, ()), ValueError, "normalized_shape"),
-        (lambda: ln(X, "8"), TypeError, "normalized_shape"),
-        (lambda: ln(X, (8,), torch.ones(7)), ValueError, "weight"),
-        (lambda: ln(X, (8,), None, torch.ones(4, 2)), ValueError, "bias"),
-        (lambda: ln(X, (8,), torch.ones(8, dtype=torch.float16)), TypeError, "weight"),
-        (lambda: ln(X.double(), (8,), torch.ones(8)), TypeError, "weight"),
-        (lambda: ln(X.half(), (8,), torch.ones(8), torch.ones(8, dtype=torch.half)), TypeError, "weight and bias"),
-        (lambda: ln(X, (8,), [1.0] * 8), TypeError, "weight"),
-        (lambda: ln(X.to(torch.int32)), TypeError, "input"),
-        (lambda: ln(X.to(torch.complex64)), TypeError, "input"),
-        (lambda: ln(X.bool()), TypeError, "input"),
-        (lambda: ln(X.tolist()), TypeError, "input"),
-        (lambda: ln(X, eps=-1e-5), ValueError, "eps"),
-        (lambda: ln(X, eps=float("nan")), ValueError, "eps"),
-        (lambda: ln(X, (8,), torch.ones(8, device="meta")), RuntimeError, "weight"),
-    ],
-)
-def test_python_errors_name_the_argument(call, error, pattern):
-    with pytest.raises(error, match=pattern):
+@pytest.mark.parametrize("call, torch_call, error, pattern", CASES)
+def test_errors_name_the_argument_and_are_runtime_errors(call, torch_call, error, pattern):
+    with pytest.raises(error, match=pattern) as raised:
         call()
+    assert isinstance(raised.value, RuntimeError), type(raised.value).__mro__
+    if torch_call is not None:  # what PyTorch's code catches, ours must match
+        with pytest.raises(Exception) as theirs:
+            torch_call()
+        expected = RuntimeError if isinstance(theirs.value, RuntimeError) else type(theirs.value)
+        assert isinstance(raised.value, expected), (theirs.value, raised.value)
+
+
+def test_errors_are_caught_by_except_runtime_error():
+    """The drop-in's promise in one line: code written around nn.LayerNorm keeps catching."""
+    for module in (nn.LayerNorm(16), fusednorm.FusedLayerNorm(16)):
+        try:
+            module(X)
+        except RuntimeError as error:
+            assert "normalized_shape" in str(error)
+        else:
+            raise AssertionError("no error")
 
 
 @pytest.mark.parametrize(
@@ -74,6 +161,12 @@ def test_op_errors(call, pattern):
         call()
 
 
-def test_module_rejects_wrong_trailing_shape():
-    with pytest.raises(ValueError, match=r"normalized_shape=\[16\]"):
-        fusednorm.FusedLayerNorm(16)(torch.randn(2, 8))
+
+def test_compiled_call_rejects_while_tracing():
+    """Under torch.compile the op's fake kernel runs the same checks: the trace stops with a
+    RuntimeError carrying fusednorm's message (as PyTorch's own ops do), not a plain
+    ValueError from the compiled graph's first run."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: fusednorm.layer_norm(x, (8,), w), fullgraph=True)
+    with pytest.raises(RuntimeError, match="weight must have shape normalized_shape"):
+        compiled(X, torch.ones(7))

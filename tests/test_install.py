@@ -8,6 +8,7 @@ import runpy
 import subprocess
 import sys
 import tarfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -155,3 +156,47 @@ def test_an_sdist_carries_every_source_file(clean_copy, tmp_path):
     needed |= {"setup.py", "pyproject.toml", "LICENSE", "README.md"}
     assert "csrc/cpu/norm_kernels.h" in needed
     assert sorted(needed - in_sdist) == []
+
+
+def test_pyproject_reads_without_deprecation_warnings(monkeypatch):
+    """setuptools reads pyproject.toml without a deprecation warning (it printed one for a
+    license table: "your builds will no longer be supported"), and the build requires a
+    setuptools that reads the SPDX license string."""
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    monkeypatch.chdir(REPO)  # license-files and readme are relative to the project
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metadata = apply_configuration(Distribution(), "pyproject.toml").metadata
+    assert metadata.license_expression == "BSD-3-Clause"
+    assert '"setuptools>=77"' in (REPO / "pyproject.toml").read_text()
+
+
+# ---- the model libraries' torchvision (scripts/torchvision_for_torch.py) --------------------
+
+def _torchvision_for_torch():
+    return runpy.run_path(str(REPO / "scripts" / "torchvision_for_torch.py"))
+
+
+@pytest.mark.parametrize("torch_version, expected", [
+    ("2.14.1", ["torchvision==0.29.*"]),  # PyPI's torch: PyPI's torchvision
+    ("2.13.0+cpu", ["torchvision==0.28.*", "--extra-index-url", "https://download.pytorch.org/whl/cpu"]),
+    ("2.9.1+cu126", ["torchvision==0.24.*", "--extra-index-url", "https://download.pytorch.org/whl/cu126"]),
+])
+def test_torchvision_built_for_the_installed_torch(torch_version, expected, monkeypatch):
+    monkeypatch.delenv("FUSEDNORM_TORCH_INDEX", raising=False)
+    probed = []
+    arguments, why = _torchvision_for_torch()["pip_arguments"](
+        torch_version, probe=lambda url: probed.append(url))
+    assert (arguments, why) == (expected, None)
+    assert probed == ([f"{expected[-1]}/torchvision/"] if "+" in torch_version else [])
+
+
+def test_torchvision_unreachable_index_says_why():
+    """The reason names the build, the index and the failure: install.sh prints it."""
+    arguments, why = _torchvision_for_torch()["pip_arguments"](
+        "2.13.0+cpu", probe=lambda url: "Name or service not known")
+    assert arguments == []
+    assert "'cpu' build" in why and "https://download.pytorch.org/whl/cpu" in why
+    assert "Name or service not known" in why and "PyPI's torchvision" in why

@@ -4,6 +4,7 @@ as the original model."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -12,7 +13,26 @@ from torch import nn
 import fusednorm
 from conftest import DEVICES, assert_close_three_way
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (test extra)")
+transformers = pytest.importorskip(
+    "transformers", reason="needs transformers (models extra: bash scripts/install.sh test,models)")
+
+
+def _import_timm():
+    """timm, or a skip that says why it cannot run here. timm imports torchvision, which must
+    be the build made for the installed torch: scripts/install.sh installs it with timm, or
+    prints why it cannot (e.g. a +cpu torch, whose torchvision only its own index has)."""
+    try:
+        import timm
+        return timm
+    except Exception as error:  # noqa: BLE001  (a torchvision of another build: RuntimeError)
+        no_vision = importlib.util.find_spec("torchvision") is None
+        need = f"the torchvision built for torch {torch.__version__}"
+        if importlib.util.find_spec("timm") is None:
+            pytest.skip(f"needs timm (models extra) and {need}"
+                        + (", neither installed" if no_vision else "")
+                        + ": scripts/install.sh test,models installs them or prints why it cannot")
+        pytest.skip(f"timm does not import ({type(error).__name__}: {error}): it needs {need}, "
+                    + ("and none is installed" if no_vision else "the one installed may be another's"))
 
 
 def _randomize_layernorms(model: nn.Module, seed: int = 0) -> None:
@@ -154,7 +174,7 @@ def test_vit(device):
 
 def _timm_vit(norm_layer):
     """A small timm ViT; norm_layer=None: timm's default (timm.layers.LayerNorm)."""
-    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    timm = _import_timm()
     torch.manual_seed(0)
     kwargs = {} if norm_layer is None else {"norm_layer": norm_layer}
     return timm.create_model(
@@ -190,7 +210,7 @@ def check_swaps_timm_norms(model: nn.Module, inputs: dict, device: str, source: 
 def test_timm_vit_tiny(device):
     """timm's default ViT-tiny, whose 25 norms are timm.layers.LayerNorm (an nn.LayerNorm
     subclass computing F.layer_norm over the same arguments)."""
-    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    timm = _import_timm()
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     check_swaps_timm_norms(model, {"x": _images(1, 224)}, device,
@@ -201,7 +221,7 @@ def test_timm_vit_tiny(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_timm_convnext(device):
     """ConvNeXt's channels-first timm.layers.LayerNorm2d becomes FusedLayerNorm2d."""
-    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    timm = _import_timm()
     torch.manual_seed(0)
     model = timm.create_model("convnext_atto", pretrained=False, num_classes=10,
                               depths=(1, 1, 1, 1), dims=(16, 24, 32, 48))
@@ -212,7 +232,7 @@ def test_timm_convnext(device):
 def test_timm_fast_norm_is_kept():
     """With timm's fast norm on, its LayerNorm computes otherwise (apex, or low precision
     under autocast): replace_layernorm leaves it, and warns that nothing was swapped."""
-    timm = pytest.importorskip("timm", reason="needs timm (test extra)")
+    timm = _import_timm()
     from timm.layers import is_fast_norm, set_fast_norm
 
     was = is_fast_norm()

@@ -102,7 +102,15 @@ def test_other_families_are_not_swapped_by_replace_layernorm(monkeypatch, caplog
     with caplog.at_level(logging.INFO, logger="fusednorm"):
         fusednorm.replace_layernorm(model)
     assert type(model[0]) is CustomNorm
-    assert "another replace function (some_other_norm)" in caplog.records[-1].getMessage()
+    assert "another replace function (some_other_norm family)" in caplog.records[-1].getMessage()
+
+
+def test_warning_names_the_replace_function_that_swaps_the_kept_norms():
+    """replace_layernorm on a model of RMSNorms only (a Llama) says which function to call."""
+    model = nn.Sequential(nn.RMSNorm(4), nn.RMSNorm(4))
+    with pytest.warns(UserWarning, match=r"swapped by fusednorm\.replace_norms \(rms_norm family\)"):
+        fusednorm.replace_layernorm(model)
+    assert type(model[0]) is nn.RMSNorm
 
 
 def _timm_layer_norm_2d(x, weight, bias, eps):

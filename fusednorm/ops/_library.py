@@ -7,6 +7,7 @@ import math
 import torch
 
 from .. import _loader
+from ..errors import OP_ERRORS, as_argument_error
 
 OPS = torch.ops.fusednorm if _loader.AVAILABLE else None
 # fusednorm._fast: direct entries into the same ops, about 2 us faster per call than
@@ -47,9 +48,13 @@ def leading_rows(input: torch.Tensor, trailing_dims: int):
     return math.prod(input.shape[: input.dim() - trailing_dims])
 
 
-def check_devices(fn: str, input: torch.Tensor, **tensors) -> None:
-    """A fake kernel also serves meta tensors, which may come mixed with real ones (the
-    dispatcher picks the meta kernel then): the device check of the C++ op, repeated."""
-    for name, t in tensors.items():
-        if t is not None and t.device != input.device:
-            raise RuntimeError(f"{fn}: {name} is on {t.device} but input is on {input.device}")
+def call_op(op, *args):
+    """op(*args) for a Function's apply: an argument rejected by the op's checks raises
+    fusednorm's error (a RuntimeError too), as through fusednorm.functional."""
+    try:
+        return op(*args)
+    except OP_ERRORS as error:
+        argument_error = as_argument_error(error)
+        if argument_error is error:
+            raise
+        raise argument_error from None

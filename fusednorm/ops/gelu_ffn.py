@@ -1,15 +1,15 @@
 """fusednorm::gelu_ffn (csrc/ops/gelu_ffn.cpp): fake kernel and Function name."""
 from __future__ import annotations
 
-from ._library import check_devices, leading_rows, overload, register_fake, require_library
+from ._library import call_op, leading_rows, overload, register_fake, require_library
 
 GELU_FFN = overload("gelu_ffn")
 
 
 @register_fake("gelu_ffn")
 def _fake(input, weight1, bias1, weight2, bias2, approximate):
-    check_devices("fusednorm.gelu_ffn", input, weight1=weight1, bias1=bias1, weight2=weight2,
-                  bias2=bias2)
+    from ..functional import _check_gelu_ffn_call
+    _check_gelu_ffn_call(input, weight1, bias1, weight2, bias2, approximate)
     out = input.new_empty((*input.shape[:-1], weight2.shape[0]))
     return out, input.new_empty((leading_rows(input, 1), weight1.shape[0]))
 
@@ -25,4 +25,4 @@ class GeluFFNFunction:
     @staticmethod
     def apply(input, weight1, bias1, weight2, bias2, approximate):
         require_library()
-        return GELU_FFN(input, weight1, bias1, weight2, bias2, approximate)
+        return call_op(GELU_FFN, input, weight1, bias1, weight2, bias2, approximate)

@@ -1,14 +1,16 @@
 """fusednorm::layer_norm (csrc/ops/layer_norm.cpp): fake kernel and Function name."""
 from __future__ import annotations
 
-from ._library import check_devices, leading_rows, overload, register_fake, require_library, row_stat
+from ._library import (call_op, leading_rows, overload, register_fake,
+                       require_library, row_stat)
 
 LAYER_NORM = overload("layer_norm")
 
 
 @register_fake("layer_norm")
 def _fake(input, normalized_shape, weight, bias, eps):
-    check_devices("fusednorm.layer_norm", input, weight=weight, bias=bias)
+    from ..functional import _check_layer_norm_call
+    _check_layer_norm_call(input, normalized_shape, weight, bias, eps)
     rows = leading_rows(input, len(normalized_shape))
     return input.new_empty(input.shape), row_stat(input, rows), row_stat(input, rows)
 
@@ -24,4 +26,4 @@ class FusedLayerNormFunction:
     @staticmethod
     def apply(input, normalized_shape, weight, bias, eps):
         require_library()
-        return LAYER_NORM(input, normalized_shape, weight, bias, eps)
+        return call_op(LAYER_NORM, input, normalized_shape, weight, bias, eps)

@@ -2,16 +2,17 @@
 Function name."""
 from __future__ import annotations
 
-from ._library import (check_devices, leading_rows, overload, register_fake, require_library,
-                       row_stat)
+from ._library import (call_op, leading_rows, overload, register_fake,
+                       require_library, row_stat)
 
 LAYER_NORM_GELU_FFN = overload("layer_norm_gelu_ffn")
 
 
 @register_fake("layer_norm_gelu_ffn")
 def _fake(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate):
-    check_devices("fusednorm.layer_norm_gelu_ffn", input, ln_weight=ln_weight, ln_bias=ln_bias,
-                  weight1=weight1, bias1=bias1, weight2=weight2, bias2=bias2)
+    from ..functional import _check_layer_norm_gelu_ffn_call
+    _check_layer_norm_gelu_ffn_call(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
+                                    approximate)
     rows = leading_rows(input, 1)
     hidden = input.new_empty((rows, weight1.shape[0]))
     return input.new_empty(input.shape), row_stat(input, rows), row_stat(input, rows), hidden
@@ -28,6 +29,6 @@ class LayerNormGeluFFNFunction:
     @staticmethod
     def apply(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate):
         require_library()
-        return LAYER_NORM_GELU_FFN(
+        return call_op(LAYER_NORM_GELU_FFN, 
             input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate
         )
