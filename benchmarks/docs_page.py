@@ -15,7 +15,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import report, stamp
-from benchmarks.harness import BUSY_PREFIX
+from benchmarks.busy import BUSY_PREFIX
 from benchmarks.replot import notes_of
 
 PAGE = stamp.REPO_ROOT / "docs" / "benchmarks.md"
@@ -53,9 +53,10 @@ METHOD = """\
   dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
   plain copy (1 GiB on the GPU, 256 MiB on the CPU, bytes read + written) timed in turns
   with the providers of the same pass and case. 100% is the memory system's limit; rows whose
-  working set partly fits the CPU's last-level cache can exceed it. Probes of one run more
-  than 1.25x apart mark the run as taken on a busy machine (column "busy" below): compare
-  its rows by their ratios to the providers timed beside them.
+  working set partly fits the CPU's last-level cache can exceed it. A run during which
+  other processes took 10% or more of the CPUs' time is marked as taken on a busy machine
+  (column "busy" below; runs saved before that rule were marked when their copy probes were
+  more than 1.25x apart): compare its rows by their ratios to the providers timed beside them.
 - **% of fresh-copy** (norm suites, in the full tables): the time of an op that only reads
   and writes the pass's rows into newly allocated outputs, over the provider's: the floor
   of any op that returns new tensors (`benchmarks/floors.py`).
