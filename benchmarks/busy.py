@@ -5,7 +5,7 @@ The evidence is CPU time that other processes took while the suite ran: the busy
 CPUs from /proc/stat (steal included: a VM's neighbours) less the CPU time of this process
 and its children. The copy probe's spread is no evidence: with nothing else running, the
 probes timed with the cases of one run range 1.5-1.9x on the 2-core EPYC VM by themselves
-(docs/2026-11-27-first-hour.md), so they are reported beside the warning, never its cause.
+(docs/perf-notes.md, "a new user's first hour"), so they are reported beside the warning, never its cause.
 """
 from __future__ import annotations
 

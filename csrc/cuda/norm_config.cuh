@@ -3,7 +3,7 @@
 // buckets (threads per row x packs per thread) each pass picks from, the launch bounds
 // (threads per multiprocessor a kernel is compiled to keep resident), which buckets hold
 // parameters in registers or add grad_sum, and the block sizes of the small kernels. Each
-// rule says why in a line; the measurements behind them are in docs/perf-notes-cuda.md.
+// rule says why in a line; the measurements behind them are in docs/perf-notes.md ("CUDA kernels").
 // Also compiled by tests/emulation, whose tests take the largest buckets' row lengths from
 // here.
 
