@@ -19,7 +19,9 @@ selection that fails there proves nothing about the mutants that use it: "invali
 Exit status 0 only if every mutant was caught. docs/testing.md has the last score.
 
 Options: --list (names and files only), --tree DIR (another copy), --timeout S (per test
-run, default 900).
+run, default 900), --no-build (a copy whose fusednorm/ already holds a build of the
+unpatched sources: no build, and only mutants that need none, i.e. the Python layer's and
+the emulated CUDA kernels'; lets a second copy run those beside a first).
 """
 from __future__ import annotations
 
@@ -163,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--tree", default=os.path.join(REPO, "build", "mutate", "tree"))
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--no-build", action="store_true")
     opts = parser.parse_args(argv)
 
     mutants = load_mutants()
@@ -171,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"unknown mutants: {sorted(unknown)}")
         mutants = [m for m in mutants if m.name in opts.names]
+    if opts.no_build:
+        compiled = [m.name for m in mutants if m.compiled]
+        if compiled:
+            raise SystemExit(f"--no-build: these mutants need a build: {compiled}")
     if opts.list:
         for m in mutants:
             log(f"{m.name:40s} {m.file}")
@@ -182,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     log(f"syncing {REPO} -> {tree}")
     sync_tree(tree)
-    log("building the unpatched copy (CPU-only, incremental)")
-    ok, out = build(tree)
-    if not ok:
-        log(out)
-        raise SystemExit("the unpatched tree does not build")
-    take_snapshot(tree, snap)
+    if not opts.no_build:
+        log("building the unpatched copy (CPU-only, incremental)")
+        ok, out = build(tree)
+        if not ok:
+            log(out)
+            raise SystemExit("the unpatched tree does not build")
+        take_snapshot(tree, snap)
 
     # Stale patches first, loudly: they are the list's maintenance, not test results.
     results: dict[str, str] = {}

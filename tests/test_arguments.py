@@ -392,3 +392,36 @@ def test_reference_fallback_keeps_eps(monkeypatch):
     torch.testing.assert_close(out, F.rms_norm(x, (7,), w, BIG_EPS), rtol=1e-12, atol=1e-12)
     out = fusednorm.layer_norm(x, (7,), w, b, BIG_EPS)
     torch.testing.assert_close(out, F.layer_norm(x, (7,), w, b, BIG_EPS), rtol=1e-12, atol=1e-12)
+
+
+# --- fusednorm.reference: the same arguments, and upcast -------------------------------
+
+def test_reference_arguments():
+    """fusednorm.reference's functions (the tests' float64 oracle and the fallback) take
+    eps, eps=None, approximate and upcast as their fused counterparts: compared with
+    PyTorch's functions in float64 (upcast=True from float32 input) and in the input's
+    dtype (upcast=False)."""
+    ref = fusednorm.reference
+    x32, r32 = small_input((5, 7), torch.float32), small_input((5, 7), torch.float32, seed=1)
+    w, b = norm_params("weight_bias", 7, torch.float32)
+    close = lambda a, e: torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-7)  # noqa: E731
+    x, r, w64, b64 = x32.double(), r32.double(), w.double(), b.double()
+    close(ref.layer_norm(x32, (7,), w, b, BIG_EPS), F.layer_norm(x, (7,), w64, b64, BIG_EPS))
+    close(ref.layer_norm(x32, (7,), w, b, BIG_EPS, upcast=False),
+          F.layer_norm(x32, (7,), w, b, BIG_EPS))
+    s = x + r
+    close(ref.add_layer_norm(x32, r32, (7,), w, b, BIG_EPS)[0], F.layer_norm(s, (7,), w64, b64, BIG_EPS))
+    for eps in (BIG_EPS, None):
+        xs = small_input((5, 7), torch.float32, scale=rms_scale(torch.float32, eps))
+        torch.testing.assert_close(ref.rms_norm(xs, (7,), w, eps, upcast=False),
+                                   F.rms_norm(xs, (7,), w, eps))
+        close(ref.add_rms_norm(xs, xs, (7,), w, eps, upcast=False)[0], F.rms_norm(xs + xs, (7,), w, eps))
+    tensors = ffn_tensors(torch.float64, True, True)
+    xf = random_input((7, 6), torch.float64, "cpu", scale=2.0, shift=0.0)
+    for approximate in ("none", "tanh"):
+        close(ref.gelu_ffn(xf.float(), *[t.float() for t in tensors], approximate),
+              eager_ffn(xf.float().double(), *[t.float().double() for t in tensors], approximate))
+        xn = small_input((7, 6), torch.float64)
+        wn, bn = norm_params("weight_bias", 6, torch.float64)
+        close(ref.layer_norm_gelu_ffn(xn, wn, bn, BIG_EPS, *tensors, approximate),
+              xn + eager_ffn(F.layer_norm(xn, (6,), wn, bn, BIG_EPS), *tensors, approximate))

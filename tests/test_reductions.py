@@ -96,7 +96,7 @@ def norm_reference(x, w, b, dy, dsum, eps, centered):
 NORM_OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, N", SHAPES)
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_norm_row_blocks_rounded_like_float64(op, M, N, dtype):
@@ -198,7 +198,7 @@ FFN_SHAPES = [(101, 40, 96), (700, 24, 160)]
 FFN_ALLOWED = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 0.01, torch.float16: 0.04}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("M, d, hidden", FFN_SHAPES)
 def test_gelu_ffn_row_blocks_rounded_like_float64(M, d, hidden, approximate, dtype):
@@ -218,7 +218,7 @@ def test_gelu_ffn_row_blocks_rounded_like_float64(M, d, hidden, approximate, dty
         assert_rounded_like(value, *ref[name], dtype, f"gelu_ffn {name}", allowed=FFN_ALLOWED[dtype])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_layer_norm_gelu_ffn_row_blocks_rounded_like_float64(approximate, dtype):
     """The pre-LN block x + ffn(layer_norm(x)): the LayerNorm's output is rounded to the
