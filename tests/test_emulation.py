@@ -151,6 +151,10 @@ def cases_for(pass_, t, p):
     for affine in AFFINE:
         lines.append(f"{pass_} {t} {p} 9 {vec * 96} {affine} 0 0 shuffle 132")
     lines.append(f"{pass_} {t} {p} 2001 {vec * 4} wb 0 0 asc 3")
+    # Over 250 blocks of a 132-multiprocessor grid, each with its partial row of the
+    # parameter gradients: more partial rows than the row lanes of their final sum
+    # (sum_partial_rows_kernel), so that every lane has rows to add.
+    lines.append(f"{pass_} {t} {p} 1001 {vec * 32} wb 0 0 shuffle 132")
     return lines
 
 
