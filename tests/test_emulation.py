@@ -361,3 +361,16 @@ def test_emulation_catches_a_misaligned_vector_access(harness, tmp_path):
     binary = build_harness(str(tmp_path), csrc=str(csrc), only_float=True)
     code, _, err = run_cases(binary, ["fwd f32 f32 5 1000 wb 4 0 asc"])
     assert code != 0 and "misaligned 16-byte access" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("t, p", [("f64", "f64"), ("f32", "f32")])
+def test_emulated_layer_norm_more_chunks_than_a_warp(harness, t, p):
+    """Rows of 34 chunks, the three-launch path: a lane of the statistics' merge kernel
+    (layer_norm_merge_stats_kernel) then merges two chunks' summaries (WelfordState::merge,
+    Chan's formula), which rows of up to 32 chunks never reach."""
+    n = 33 * largest_row("fwd", t, True) + 16 // SIZE[t]
+    lines = [f"fwd {t} {p} 2 {n} wb 0 0 asc 2"]
+    code, out, err = run_cases(harness, lines)
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    assert code == 0 and len(results) == 1 and results[0].startswith("ok "), (
+        f"exit {code}:\n{out[-2000:]}\n{err[-2000:]}")
