@@ -51,10 +51,15 @@ class Mutant:
     new: str
     tests: list[str]
     why: str = ""
+    build: bool | None = None  # None: from the file (see compiled)
 
     @property
     def compiled(self) -> bool:
-        """Whether the patch needs setup.py's build (CPU-only: csrc/cuda is not built)."""
+        """Whether the patch needs setup.py's build (CPU-only: csrc/cuda is not built);
+        `build = false` in the table for a shared header whose patched code only the
+        emulation's own compile uses."""
+        if self.build is not None:
+            return self.build
         return self.file.startswith("csrc/") and not self.file.startswith("csrc/cuda/")
 
 
