@@ -83,7 +83,19 @@ def sync_tree(tree: str) -> None:
     those whose content differs, so that unchanged sources keep their timestamps."""
     listed = subprocess.run(["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
                             cwd=REPO, capture_output=True, check=True).stdout
-    for rel in filter(None, listed.decode().split("\0")):
+    files = sorted(rel for rel in listed.decode().split("\0")
+                   if rel and os.path.isfile(os.path.join(REPO, rel)))
+    # Files synced before and gone from the worktree since (a renamed source) go from the
+    # copy too: a patch must not land in a file that no longer exists.
+    manifest = os.path.join(tree, ".mutate-files")
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            for rel in set(f.read().splitlines()) - set(files):
+                if os.path.isfile(os.path.join(tree, rel)):
+                    os.remove(os.path.join(tree, rel))
+    with open(manifest, "w") as f:
+        f.write("\n".join(files) + "\n")
+    for rel in files:
         src, dst = os.path.join(REPO, rel), os.path.join(tree, rel)
         if not os.path.isfile(src):
             continue
