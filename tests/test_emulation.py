@@ -151,6 +151,10 @@ def cases_for(pass_, t, p):
     for affine in AFFINE:
         lines.append(f"{pass_} {t} {p} 9 {vec * 96} {affine} 0 0 shuffle 132")
     lines.append(f"{pass_} {t} {p} 2001 {vec * 4} wb 0 0 asc 3")
+    # Over 250 blocks of a 132-multiprocessor grid, each with its partial row of the
+    # parameter gradients: more partial rows than the row lanes of their final sum
+    # (sum_partial_rows_kernel), so that every lane has rows to add.
+    lines.append(f"{pass_} {t} {p} 1001 {vec * 32} wb 0 0 shuffle 132")
     return lines
 
 
@@ -357,3 +361,16 @@ def test_emulation_catches_a_misaligned_vector_access(harness, tmp_path):
     binary = build_harness(str(tmp_path), csrc=str(csrc), only_float=True)
     code, _, err = run_cases(binary, ["fwd f32 f32 5 1000 wb 4 0 asc"])
     assert code != 0 and "misaligned 16-byte access" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("t, p", [("f64", "f64"), ("f32", "f32")])
+def test_emulated_layer_norm_more_chunks_than_a_warp(harness, t, p):
+    """Rows of 34 chunks, the three-launch path: a lane of the statistics' merge kernel
+    (layer_norm_merge_stats_kernel) then merges two chunks' summaries (WelfordState::merge,
+    Chan's formula), which rows of up to 32 chunks never reach."""
+    n = 33 * largest_row("fwd", t, True) + 16 // SIZE[t]
+    lines = [f"fwd {t} {p} 2 {n} wb 0 0 asc 2"]
+    code, out, err = run_cases(harness, lines)
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    assert code == 0 and len(results) == 1 and results[0].startswith("ok "), (
+        f"exit {code}:\n{out[-2000:]}\n{err[-2000:]}")
