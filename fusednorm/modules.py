@@ -29,23 +29,29 @@ class FusedRMSNorm(nn.RMSNorm):
         return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
+def hf_eps(module: nn.Module) -> float:
+    """The epsilon of a Hugging Face norm: `variance_epsilon` in most classes, `eps` in
+    others (Llama4TextRMSNorm, CpmAntLayerNorm, Gemma's)."""
+    eps = getattr(module, "variance_epsilon", None)
+    return module.eps if eps is None else eps
+
+
 class FusedHFRMSNorm(nn.Module):
     """Hugging Face's RMSNorm (LlamaRMSNorm and its copies in Qwen2, Qwen3, Mistral, ...)
     computed by fusednorm, in their order of operations: normalize in float32, cast back to
     the input's dtype, then multiply by `weight` (so the output has the dtype of
-    weight * input, as theirs). Attributes `weight` and `variance_epsilon`, as theirs:
-    replace_norms() turns such a module into this class in place."""
+    weight * input, as theirs). Attributes `weight` and `variance_epsilon` (or `eps`), as
+    theirs: replace_norms() turns such a module into this class in place."""
 
     weight: nn.Parameter
-    variance_epsilon: float
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         normed = functional.rms_norm(hidden_states, hidden_states.shape[-1:], None,
-                                     self.variance_epsilon)
+                                     hf_eps(self))
         return self.weight * normed
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+        return f"{tuple(self.weight.shape)}, eps={hf_eps(self)}"
 
 
 def _check_approximate(approximate: str) -> str:
