@@ -44,22 +44,26 @@ TORCH_LIBRARY(fusednorm, m) {
   // LayerNorm over the trailing normalized_shape dims, as torch.native_layer_norm: the
   // output (input's shape and dtype, contiguous) and the per-row statistics mean and rstd
   // ([M], float32; float64 for a float64 input), which are not differentiable.
+  //
+  // zero_centered_weight (the norm ops): the weight applied is 1 + weight, formed in the
+  // computation type (float32; float64 for a float64 input); gradients go to weight.
   m.def(
       "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,"
-      " float eps) -> (Tensor out, Tensor mean, Tensor rstd)");
+      " float eps, bool zero_centered_weight=False) -> (Tensor out, Tensor mean, Tensor rstd)");
   // RMSNorm over the trailing normalized_shape dims, as torch.nn.functional.rms_norm (eps
   // None: the machine epsilon of float32, or of float64 for a float64 input), and rstd.
   m.def(
-      "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps)"
-      " -> (Tensor out, Tensor rstd)");
+      "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps,"
+      " bool zero_centered_weight=False) -> (Tensor out, Tensor rstd)");
   // s = input + residual (input's dtype), then LayerNorm / RMSNorm of s, in one pass over
   // memory: (norm(s), s, statistics); norm(s) and s are differentiable.
   m.def(
       "add_layer_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight,"
-      " Tensor? bias, float eps) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)");
+      " Tensor? bias, float eps, bool zero_centered_weight=False)"
+      " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)");
   m.def(
       "add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight,"
-      " float? eps) -> (Tensor out, Tensor sum, Tensor rstd)");
+      " float? eps, bool zero_centered_weight=False) -> (Tensor out, Tensor sum, Tensor rstd)");
   // gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre =
   // input @ weight1.T + bias1 as [M, hidden] rows (not differentiable).
   m.def(

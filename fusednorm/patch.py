@@ -48,6 +48,12 @@ class Swap:
     adapt: Optional[Callable[[nn.Module], None]] = None
 
 
+def _grouped(module: nn.Module) -> Optional[str]:
+    if getattr(module, "group_size", None) is not None:
+        return f"it normalizes groups of group_size={module.group_size}, not the whole row"
+    return None
+
+
 def _per_head_weight(module: nn.Module) -> Optional[str]:
     if module.weight.dim() != 1:
         return (f"its weight has shape {tuple(module.weight.shape)} (per-head norms): it "
@@ -70,6 +76,7 @@ TARGETS: dict[str, Swap] = {
     "FusedHFRMSNorm": Swap("rms_norm", FusedHFRMSNorm),
     "FusedHFRMSNormCastLast": Swap("rms_norm", swap_targets.FusedHFRMSNormCastLast),
     "FusedT5LayerNorm": Swap("rms_norm", swap_targets.FusedT5LayerNorm),
+    "FusedGemmaRMSNorm": Swap("rms_norm", swap_targets.FusedGemmaRMSNorm, keep_if=_grouped),
     "FusedRMSNormFp32": Swap("rms_norm", swap_targets.FusedRMSNormFp32),
     "FusedRMSNorm2dFp32": Swap("rms_norm", swap_targets.FusedRMSNorm2dFp32),
 }

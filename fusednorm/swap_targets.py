@@ -176,3 +176,18 @@ class FusedRMSNorm2dFp32(FusedRMSNormFp32):
         out = super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return out.contiguous() if input.is_contiguous() else out
 
+
+class FusedGemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm (Gemma, Gemma2, Gemma3 and their copies): `x.float()` normalized,
+    times `(1.0 + weight.float())`, cast back to the input's dtype: fusednorm's rms_norm with
+    zero_centered_weight (1 + weight formed in float32, one rounding at the end)."""
+
+    weight: nn.Parameter
+    eps: float
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return functional.rms_norm(x, x.shape[-1:], self.weight, self.eps,
+                                   zero_centered_weight=True)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"

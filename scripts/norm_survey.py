@@ -78,11 +78,9 @@ VERDICTS: dict[str, str] = {
     "9b984f2597cc": "FusedLayerNorm2dFp32",  # timm LayerNorm2dFp32
     "ea090ac79af9": "FusedRMSNormFp32",  # timm RmsNormFp32
     "76fef532d1ac": "FusedRMSNorm2dFp32",  # timm RmsNorm2dFp32
+    "4eb0a158c52c": "FusedGemmaRMSNorm",  # GemmaRMSNorm: x.float() * (1 + weight.float())
+    "872bfaacabaa": "FusedGemmaRMSNorm",  # Qwen4ExpTextRMSNorm (kept when group_size is set)
     # Kept.
-    "4eb0a158c52c": ("it multiplies by 1 + weight formed in float32, which needs a "
-                     "zero-centered weight option"),  # GemmaRMSNorm
-    "872bfaacabaa": ("it multiplies by 1 + weight formed in float32, which needs a "
-                     "zero-centered weight option"),  # Qwen4ExpTextRMSNorm
     "11103978f132": _BATCH,  # DetrFrozenBatchNorm2d
     "4d2f13df01c9": _BATCH,  # PatchTSTBatchNorm
     "ec8957e99f10": _BATCH,  # timm SplitBatchNorm2d

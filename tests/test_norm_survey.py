@@ -75,6 +75,14 @@ CASES = [
      (5, 7, 48), "FusedHFRMSNormCastLast"),
     ("transformers.models.t5.modeling_t5", "T5LayerNorm", (48,), {"eps": 1e-5},
      (5, 7, 48), "FusedT5LayerNorm"),
+    ("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm", (48,), {"eps": 1e-5},
+     (5, 7, 48), "FusedGemmaRMSNorm"),
+    ("transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm", (48,), {"eps": 1e-5},
+     (5, 7, 48), "FusedGemmaRMSNorm"),
+    ("transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm", (48,), {"eps": 1e-5},
+     (5, 7, 48), "FusedGemmaRMSNorm"),
+    ("transformers.models.qwen4_exp.modeling_qwen4_exp", "Qwen4ExpTextRMSNorm", (48,),
+     {"eps": 1e-5}, (5, 7, 48), "FusedGemmaRMSNorm"),
     ("transformers.models.cohere.modeling_cohere", "CohereLayerNorm", (),
      {"hidden_size": 48, "eps": 1e-5}, (5, 7, 48), "FusedHFLayerNormCastLast"),
     ("transformers.models.deberta.modeling_deberta", "DebertaLayerNorm", (48,), {"eps": 1e-5},
@@ -174,6 +182,17 @@ def test_swapped_class_computes_what_the_original_computes(case, dtypes):
     fused_grads = torch.autograd.grad(out, [x2, *swapped.parameters()], cotangent)
     for name, g, f in zip(["input", *dict(norm.named_parameters())], grads, fused_grads):
         torch.testing.assert_close(f, g, rtol=1e-4, atol=1e-5, msg=f"grad of {name}")
+
+
+@needs_libraries
+def test_grouped_qwen4_norm_is_kept():
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextRMSNorm
+
+    model = nn.ModuleDict({"row": Qwen4ExpTextRMSNorm(48),
+                           "groups": Qwen4ExpTextRMSNorm(48, group_size=16)})
+    fusednorm.replace_norms(model)
+    assert type(model["row"]) is swap_targets.FusedGemmaRMSNorm
+    assert type(model["groups"]) is Qwen4ExpTextRMSNorm
 
 
 @needs_libraries

@@ -13,7 +13,7 @@ namespace {
 using namespace norm_family;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // out, sum, rstd
 using Sig = Result(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                   std::optional<double>);
+                   std::optional<double>, bool);
 constexpr NormKind kKind{"fusednorm.add_rms_norm", /*centered=*/false, /*residual=*/true};
 
 const auto& op() {
@@ -23,21 +23,23 @@ const auto& op() {
 
 Result rows(const at::Tensor& input, const at::Tensor& residual,
             c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-            std::optional<double> eps) {
-  auto [out, sum, mean, rstd] = forward_rows(kKind, input, residual, normalized_shape, weight,
+            std::optional<double> eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
+  auto [out, sum, mean, rstd] = forward_rows(kKind, input, residual, normalized_shape, p.weight,
                                              std::nullopt, eps.value_or(default_rms_eps(input)));
   return {out, sum, rstd};
 }
 
 Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                       std::optional<double> eps) {
+                       std::optional<double> eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   const auto below = [&]() -> Outputs {
-    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, weight, eps);
+    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, p.weight, eps, false);
     return {out, sum, at::Tensor(), rstd};  // no mean
   };
   auto [out, sum, mean, rstd] =
-      autograd_call(kKind, input, residual, normalized_shape, weight, std::nullopt,
+      autograd_call(kKind, input, residual, normalized_shape, p.weight, std::nullopt,
                     eps.value_or(default_rms_eps(input)), below);
   return {out, sum, rstd};
 }
@@ -46,13 +48,13 @@ Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
 // its autocast rule (float32).
 Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                      c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                     std::optional<double> eps) {
+                     std::optional<double> eps, bool zero_centered_weight) {
   static const auto rms_norm = fusednorm_op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, std::optional<double>)>(
+      const at::Tensor&, c10::SymIntArrayRef, const OptTensor&, std::optional<double>, bool)>(
       "fusednorm::rms_norm");
   check_residual(kKind, input, residual);
   const at::Tensor sum = at::add(input, residual);
-  auto [out, rstd] = rms_norm.call(sum, normalized_shape, weight, eps);
+  auto [out, rstd] = rms_norm.call(sum, normalized_shape, weight, eps, zero_centered_weight);
   return {out, sum, rstd};
 }
 

@@ -112,6 +112,12 @@ bool string_arg(PyObject* obj, std::string& out) {
   return true;
 }
 
+bool bool_arg(PyObject* obj, bool& out) {
+  if (obj != Py_True && obj != Py_False) return false;
+  out = obj == Py_True;
+  return true;
+}
+
 PyObject* not_implemented() {
   Py_RETURN_NOTIMPLEMENTED;
 }
@@ -177,89 +183,100 @@ using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// layer_norm(input, normalized_shape, weight, bias, eps) -> out
+// layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight) -> out
 PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 5, "layer_norm")) return nullptr;
+  if (!arg_count(nargs, 6, "layer_norm")) return nullptr;
   at::Tensor input;
   c10::SmallVector<int64_t, 4> shape;
   OptTensor weight, bias;
   double eps = 0;
+  bool zero_centered = false;
   if (!tensor_arg(args[0], input) || !int_list_arg(args[1], shape) ||
       !optional_tensor_arg(args[2], weight) || !optional_tensor_arg(args[3], bias) ||
-      !float_arg(args[4], eps)) {
+      !float_arg(args[4], eps) || !bool_arg(args[5], zero_centered)) {
     return not_implemented();
   }
   using Sig = Tensor3(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                      const OptTensor&, double);
+                      const OptTensor&, double, bool);
   return run(
       [&] {
         static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::layer_norm");
-        return op.call(input, c10::fromIntArrayRefSlow(shape), weight, bias, eps);
+        return op.call(input, c10::fromIntArrayRefSlow(shape), weight, bias, eps,
+                       zero_centered);
       },
       [](auto&& r) { return wrap_first(std::move(r)); });
 }
 
-// rms_norm(input, normalized_shape, weight, eps) -> out
+// rms_norm(input, normalized_shape, weight, eps, zero_centered_weight) -> out
 PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 4, "rms_norm")) return nullptr;
+  if (!arg_count(nargs, 5, "rms_norm")) return nullptr;
   at::Tensor input;
   c10::SmallVector<int64_t, 4> shape;
   OptTensor weight;
   std::optional<double> eps;
+  bool zero_centered = false;
   if (!tensor_arg(args[0], input) || !int_list_arg(args[1], shape) ||
-      !optional_tensor_arg(args[2], weight) || !optional_float_arg(args[3], eps)) {
+      !optional_tensor_arg(args[2], weight) || !optional_float_arg(args[3], eps) ||
+      !bool_arg(args[4], zero_centered)) {
     return not_implemented();
   }
   using Sig = Tensor2(const at::Tensor&, c10::SymIntArrayRef, const OptTensor&,
-                      std::optional<double>);
+                      std::optional<double>, bool);
   return run(
       [&] {
         static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::rms_norm");
-        return op.call(input, c10::fromIntArrayRefSlow(shape), weight, eps);
+        return op.call(input, c10::fromIntArrayRefSlow(shape), weight, eps, zero_centered);
       },
       [](auto&& r) { return wrap_first(std::move(r)); });
 }
 
-// add_layer_norm(input, residual, normalized_shape, weight, bias, eps) -> (out, sum)
+// add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
+//                zero_centered_weight) -> (out, sum)
 PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 6, "add_layer_norm")) return nullptr;
+  if (!arg_count(nargs, 7, "add_layer_norm")) return nullptr;
   at::Tensor input, residual;
   c10::SmallVector<int64_t, 4> shape;
   OptTensor weight, bias;
   double eps = 0;
+  bool zero_centered = false;
   if (!tensor_arg(args[0], input) || !tensor_arg(args[1], residual) ||
       !int_list_arg(args[2], shape) || !optional_tensor_arg(args[3], weight) ||
-      !optional_tensor_arg(args[4], bias) || !float_arg(args[5], eps)) {
+      !optional_tensor_arg(args[4], bias) || !float_arg(args[5], eps) ||
+      !bool_arg(args[6], zero_centered)) {
     return not_implemented();
   }
   using Sig = Tensor4(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef,
-                      const OptTensor&, const OptTensor&, double);
+                      const OptTensor&, const OptTensor&, double, bool);
   return run(
       [&] {
         static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::add_layer_norm");
-        return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, bias, eps);
+        return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, bias, eps,
+                       zero_centered);
       },
       [](auto&& r) { return wrap_out_and_sum(std::move(r)); });
 }
 
-// add_rms_norm(input, residual, normalized_shape, weight, eps) -> (out, sum)
+// add_rms_norm(input, residual, normalized_shape, weight, eps, zero_centered_weight)
+//     -> (out, sum)
 PyObject* add_rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arg_count(nargs, 5, "add_rms_norm")) return nullptr;
+  if (!arg_count(nargs, 6, "add_rms_norm")) return nullptr;
   at::Tensor input, residual;
   c10::SmallVector<int64_t, 4> shape;
   OptTensor weight;
   std::optional<double> eps;
+  bool zero_centered = false;
   if (!tensor_arg(args[0], input) || !tensor_arg(args[1], residual) ||
       !int_list_arg(args[2], shape) || !optional_tensor_arg(args[3], weight) ||
-      !optional_float_arg(args[4], eps)) {
+      !optional_float_arg(args[4], eps) || !bool_arg(args[5], zero_centered)) {
     return not_implemented();
   }
   using Sig = Tensor3(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef,
-                      const OptTensor&, std::optional<double>);
+                      const OptTensor&, std::optional<double>, bool);
   return run(
       [&] {
         static const auto op = fusednorm::fusednorm_op<Sig>("fusednorm::add_rms_norm");
-        return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, eps);
+        return op.call(input, residual, c10::fromIntArrayRefSlow(shape), weight, eps,
+                       zero_centered);
       },
       [](auto&& r) { return wrap_out_and_sum(std::move(r)); });
 }
@@ -316,13 +333,17 @@ PyObject* layer_norm_gelu_ffn(PyObject*, PyObject* const* args, Py_ssize_t nargs
   {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(name)), METH_FASTCALL, doc}
 
 PyMethodDef methods[] = {
-    FAST_ENTRY(layer_norm, "layer_norm(input, normalized_shape, weight, bias, eps) -> out"),
-    FAST_ENTRY(rms_norm, "rms_norm(input, normalized_shape, weight, eps) -> out"),
+    FAST_ENTRY(layer_norm,
+               "layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight)"
+               " -> out"),
+    FAST_ENTRY(rms_norm,
+               "rms_norm(input, normalized_shape, weight, eps, zero_centered_weight) -> out"),
     FAST_ENTRY(add_layer_norm,
-               "add_layer_norm(input, residual, normalized_shape, weight, bias, eps)"
-               " -> (out, sum)"),
+               "add_layer_norm(input, residual, normalized_shape, weight, bias, eps,"
+               " zero_centered_weight) -> (out, sum)"),
     FAST_ENTRY(add_rms_norm,
-               "add_rms_norm(input, residual, normalized_shape, weight, eps) -> (out, sum)"),
+               "add_rms_norm(input, residual, normalized_shape, weight, eps,"
+               " zero_centered_weight) -> (out, sum)"),
     FAST_ENTRY(gelu_ffn, "gelu_ffn(input, weight1, bias1, weight2, bias2, approximate) -> out"),
     FAST_ENTRY(layer_norm_gelu_ffn,
                "layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, "

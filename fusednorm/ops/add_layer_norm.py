@@ -7,7 +7,7 @@ ADD_LAYER_NORM = overload("add_layer_norm")
 
 
 @register_fake("add_layer_norm")
-def _fake(input, residual, normalized_shape, weight, bias, eps):
+def _fake(input, residual, normalized_shape, weight, bias, eps, zero_centered_weight=False):
     check_devices("fusednorm.add_layer_norm", input, residual=residual, weight=weight, bias=bias)
     rows = leading_rows(input, len(normalized_shape))
     return (input.new_empty(input.shape), input.new_empty(input.shape), row_stat(input, rows),

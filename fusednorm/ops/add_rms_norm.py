@@ -7,7 +7,7 @@ ADD_RMS_NORM = overload("add_rms_norm")
 
 
 @register_fake("add_rms_norm")
-def _fake(input, residual, normalized_shape, weight, eps):
+def _fake(input, residual, normalized_shape, weight, eps, zero_centered_weight=False):
     check_devices("fusednorm.add_rms_norm", input, residual=residual, weight=weight)
     rows = leading_rows(input, len(normalized_shape))
     return input.new_empty(input.shape), input.new_empty(input.shape), row_stat(input, rows)

@@ -7,6 +7,6 @@ RMS_NORM = overload("rms_norm")
 
 
 @register_fake("rms_norm")
-def _fake(input, normalized_shape, weight, eps):
+def _fake(input, normalized_shape, weight, eps, zero_centered_weight=False):
     check_devices("fusednorm.rms_norm", input, weight=weight)
     return input.new_empty(input.shape), row_stat(input, leading_rows(input, len(normalized_shape)))
