@@ -243,6 +243,12 @@ SWAPPED: dict[str, str] = {
     "timm.layers.norm.LayerNormFp32": "FusedLayerNormFp32",
     "timm.layers.norm.RmsNorm2dFp32": "FusedRMSNorm2dFp32",
     "timm.layers.norm.RmsNormFp32": "FusedRMSNormFp32",
+    "timm.layers.norm_act.LayerNormAct": "FusedLayerNormAct",
+    "timm.layers.norm_act.LayerNormAct2d": "FusedLayerNormAct2d",
+    "timm.layers.norm_act.LayerNormAct2dFp32": "FusedLayerNormAct2dFp32",
+    "timm.layers.norm_act.LayerNormActFp32": "FusedLayerNormActFp32",
+    "timm.layers.norm_act.RmsNormAct2dFp32": "FusedRMSNormAct2dFp32",
+    "timm.layers.norm_act.RmsNormActFp32": "FusedRMSNormActFp32",
     "timm.models.metaformer.LayerNorm2dNoBias": "FusedLayerNorm2d",
     "timm.models.metaformer.LayerNormNoBias": "FusedLayerNorm",
 }

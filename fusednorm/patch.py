@@ -79,6 +79,14 @@ TARGETS: dict[str, Swap] = {
     "FusedGemmaRMSNorm": Swap("rms_norm", swap_targets.FusedGemmaRMSNorm, keep_if=_grouped),
     "FusedRMSNormFp32": Swap("rms_norm", swap_targets.FusedRMSNormFp32),
     "FusedRMSNorm2dFp32": Swap("rms_norm", swap_targets.FusedRMSNorm2dFp32),
+    "FusedLayerNormAct": Swap("layer_norm", swap_targets.FusedLayerNormAct,
+                              keep_if=_timm_fast_norm),
+    "FusedLayerNormAct2d": Swap("layer_norm", swap_targets.FusedLayerNormAct2d,
+                                keep_if=_timm_fast_norm),
+    "FusedLayerNormActFp32": Swap("layer_norm", swap_targets.FusedLayerNormActFp32),
+    "FusedLayerNormAct2dFp32": Swap("layer_norm", swap_targets.FusedLayerNormAct2dFp32),
+    "FusedRMSNormActFp32": Swap("rms_norm", swap_targets.FusedRMSNormActFp32),
+    "FusedRMSNormAct2dFp32": Swap("rms_norm", swap_targets.FusedRMSNormAct2dFp32),
 }
 
 SWAPS: dict[str, Swap] = {

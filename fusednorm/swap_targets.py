@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import functional
+from .layer_norm_2d import FusedLayerNorm2d
 from .modules import FusedLayerNorm, hf_eps
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -191,3 +192,35 @@ class FusedGemmaRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class _DropAct:
+    """timm's norm + activation layers (norm_act.py): the norm, then their `drop` and `act`
+    submodules, as theirs."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(super().forward(input)))
+
+
+class FusedLayerNormAct(_DropAct, FusedLayerNorm):
+    """timm's LayerNormAct: F.layer_norm, drop, act."""
+
+
+class FusedLayerNormAct2d(_DropAct, FusedLayerNorm2d):
+    """timm's LayerNormAct2d: LayerNorm2d, drop, act."""
+
+
+class FusedLayerNormActFp32(_DropAct, FusedLayerNormFp32):
+    """timm's LayerNormActFp32: LayerNormFp32, drop, act."""
+
+
+class FusedLayerNormAct2dFp32(_DropAct, FusedLayerNorm2dFp32):
+    """timm's LayerNormAct2dFp32: LayerNorm2dFp32, drop, act."""
+
+
+class FusedRMSNormActFp32(_DropAct, FusedRMSNormFp32):
+    """timm's RmsNormActFp32: RmsNormFp32, drop, act."""
+
+
+class FusedRMSNormAct2dFp32(_DropAct, FusedRMSNorm2dFp32):
+    """timm's RmsNormAct2dFp32: RmsNorm2dFp32, drop, act."""

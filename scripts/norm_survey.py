@@ -8,9 +8,9 @@ fusednorm swaps (replace_norms / replace_layernorm) and why it keeps the others.
 A norm class is a class at module level of transformers/models (modeling files and the
 like: not modular_*.py or convert_*.py, which are sources and converters), timm/layers or
 timm/models whose name ends in Norm, Layernorm, Norm1, Norm1d/2d/3d, optionally followed
-by Fp32, NoBias, Gated, 1P, PerHead or Zero (layers that add an activation, timm's
-*NormAct*, and blocks named *NormLayer are outside it). The sources are read, never
-imported.
+by Fp32, NoBias, Gated, 1P, PerHead, Zero, an activation suffix (Act, Act2d, ActFp32,
+Act2dFp32, Tlu2d: timm's norm + activation layers), Exp2d or an EvoNorm variant (B0, S0a,
+...); blocks named *NormLayer are outside it. The sources are read, never imported.
 
 Each class is judged by its computation: the source of its methods other than __init__,
 extra_repr and _load_from_state_dict, with docstrings and annotations removed and its own
@@ -36,7 +36,9 @@ TABLE = ROOT / "docs" / "models.md"
 CLASSES = ROOT / "fusednorm" / "library_classes.py"
 
 LIBRARIES = {"transformers": ("models",), "timm": ("layers", "models")}
-NAME = re.compile(r"(Norm|Layernorm)(1|[123]d)?(Fp32|NoBias|Gated|1P|PerHead|Zero)?$")
+NAME = re.compile(r"(Norm|Layernorm)(1|[123]d)?"
+                  r"(Fp32|NoBias|Gated|1P|PerHead|Zero|Act|Act2d|ActFp32|Act2dFp32|Tlu2d|Exp2d"
+                  r"|B\d|S\da?)?$")
 SKIPPED_METHODS = {"__init__", "extra_repr", "_load_from_state_dict"}
 
 _BLOCK = ("it is a block around a norm submodule (conv/linear + norm, an encoder stack, ...), "
@@ -78,6 +80,12 @@ VERDICTS: dict[str, str] = {
     "9b984f2597cc": "FusedLayerNorm2dFp32",  # timm LayerNorm2dFp32
     "ea090ac79af9": "FusedRMSNormFp32",  # timm RmsNormFp32
     "76fef532d1ac": "FusedRMSNorm2dFp32",  # timm RmsNorm2dFp32
+    "f0f1a58609b8": "FusedLayerNormAct",  # timm LayerNormAct (kept while fast norm is on)
+    "2e339cd6609c": "FusedLayerNormAct2d",  # timm LayerNormAct2d (kept while fast norm is on)
+    "c7f123014678": "FusedLayerNormActFp32",  # timm LayerNormActFp32
+    "1de36fecb922": "FusedLayerNormAct2dFp32",  # timm LayerNormAct2dFp32
+    "2ddfebc0c391": "FusedRMSNormActFp32",  # timm RmsNormActFp32
+    "d1edce0c41cd": "FusedRMSNormAct2dFp32",  # timm RmsNormAct2dFp32
     "4eb0a158c52c": "FusedGemmaRMSNorm",  # GemmaRMSNorm: x.float() * (1 + weight.float())
     "872bfaacabaa": "FusedGemmaRMSNorm",  # Qwen4ExpTextRMSNorm (kept when group_size is set)
     # Kept.
@@ -153,6 +161,31 @@ VERDICTS: dict[str, str] = {
                      "unit_offset (the submodule is swapped on its own)"),  # MoonshineStreamingLayerNorm
     "3a93583224a1": ("a list of nn.LayerNorms, one per head, applied to slices (each "
                      "swapped on its own)"),  # StableLmLayerNormPerHead
+    "845faf0015b3": _BATCH,  # timm BatchNormAct2d
+    "4f90ceef6715": _BATCH,  # timm FrozenBatchNormAct2d
+    "489bf5cde8fc": _BATCH,  # timm SyncBatchNormAct
+    "b85dd9ea8d4e": _GROUP,  # timm GroupNormAct, GroupNorm1Act
+    "9c4d7baaf775": _STEPWISE + " (timm's rms_norm)",  # timm RmsNormAct
+    "a7dc7464af22": _STEPWISE + " (timm's rms_norm2d)",  # timm RmsNormAct2d
+    "51a8166c3dfc": ("a channels-last (non-contiguous) input goes through its own "
+                     "_layer_norm_cf, which " + _STEPWISE[3:]),  # timm LayerNormExp2d
+    "4e4b7bcb6024": ("filter response normalization (mean of squares over space, per "
+                     "channel): no fused op"),  # timm FilterResponseNormAct2d
+    "77605b2478cc": ("filter response normalization (mean of squares over space, per "
+                     "channel): no fused op"),  # timm FilterResponseNormTlu2d
+    "5ae1866b8856": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # B0
+    "076ab18241f2": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # B1
+    "8381bc59e529": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # B2
+    "1fa5a346b100": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # S0
+    "f465678c6d9d": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # S0a
+    "6122c59bb7bb": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # S1
+    "5021f501354a": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # S1a
+    "c429f90ec85f": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # S2
+    "6fa147e46d3a": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # S2a
+    "ab6d4b8374c8": _BLOCK,  # timm ConvNormAct
+    "6a2812d3dd83": _BLOCK,  # timm efficientvit_mit ConvNormAct
+    "26df7ccbc39c": _BLOCK,  # timm nextvit ConvNormAct
+    "9c2701397f24": _BLOCK,  # timm SeparableConvNormAct
     "849fcbd891aa": _BLOCK,  # Emu3VQVAESpatialNorm
     "b585c9badc65": _BLOCK,  # AXK2GatedRMSNorm
     "6cf023907001": _BLOCK,  # DbrxNormAttentionNorm
