@@ -230,10 +230,10 @@ def replace_layernorm(model: nn.Module) -> nn.Module:
 
     Swapped: torch.nn.LayerNorm and timm.layers.LayerNorm (-> FusedLayerNorm), timm's
     channels-first timm.layers.LayerNorm2d (-> FusedLayerNorm2d) and the other LayerNorm
-    classes of fusednorm.patch.SWAPS (docs/models.md). Other subclasses of nn.LayerNorm are left alone, since they may
-    compute something else. The modules keep their identity, Parameter objects (so
-    optimizer state stays valid), device, dtype, hooks and train/eval mode: only their
-    class changes.
+    classes of fusednorm.patch.SWAPS (docs/models.md). Other subclasses of nn.LayerNorm
+    are left alone, since they may compute something else. The modules keep their
+    identity, Parameter objects (so optimizer state stays valid), device, dtype, hooks and
+    train/eval mode: only their class changes.
 
     What was swapped is logged at INFO level (logger "fusednorm"); a UserWarning says so
     when the model has norm modules but none was swapped. fusednorm.norm_report(model)
