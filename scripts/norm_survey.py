@@ -130,7 +130,7 @@ VERDICTS: dict[str, str] = {
                      "their mean"),  # DoryL2Norm
     "1c093938232a": ("it divides queries and keys by their L2 norm clamped at the dtype's "
                      "eps, in the input's dtype: no fused op"),  # ZayaQKNorm
-    "c9d6106d3b77": ("global response normalization (an L2 norm over space over its mean "
+    "c9d6106d3b77": ("it is global response normalization (an L2 norm over space over its mean "
                      "across channels): no fused op"),  # timm GlobalResponseNorm
     "d0f88c5273c4": ("it applies weight and bias after F.layer_norm has rounded (two "
                      "roundings), with a weight of more dims than it normalizes"),  # ChameleonLayerNorm
@@ -142,24 +142,24 @@ VERDICTS: dict[str, str] = {
     "bac38ec8e08e": ("it casts its float32 parameters to bfloat16 for a bfloat16 input and "
                      "turns autocast off around F.layer_norm: fusednorm's layer_norm could "
                      "compute it, but no swap target is written for this one class"),  # EsmFoldLayerNorm
-    "49a9e19c1356": ("an integer-only quantized LayerNorm (I-BERT); unquantized it computes "
+    "49a9e19c1356": ("it is an integer-only quantized LayerNorm (I-BERT); unquantized it computes "
                      "step by step in the input's dtype"),  # IntLayerNorm
     "528ee8d44f5d": "it does not normalize: an elementwise affine map",  # MobileBert NoNorm
     "6dbee1f3dead": ("it does not normalize: linear, GELU, linear (the conditioning MLP of "
                      "an adaptive norm)"),  # VoxtralRealtimeTextAdaRmsNorm
-    "5b1422765ff6": ("an adaptive norm: a gate and a shift computed from a second input "
+    "5b1422765ff6": ("it is an adaptive norm: a gate and a shift computed from a second input "
                      "modulate the normalized output"),  # EsmFold2AdaptiveLayerNorm
-    "6f027e072ef0": ("an adaptive norm: scale and shift from a conditioning input, around "
+    "6f027e072ef0": ("it is an adaptive norm: scale and shift from a conditioning input, around "
                      "an nn.LayerNorm submodule (swapped on its own)"),  # Qwen2_5_OmniAdaLayerNormZero
-    "a8ab82174358": ("an adaptive norm: scale and shift from a conditioning input, around "
+    "a8ab82174358": ("it is an adaptive norm: scale and shift from a conditioning input, around "
                      "a norm submodule (judged on its own)"),  # VibeVoiceDiffusionHeadAdaLayerNorm
-    "1d391633fe84": ("an adaptive norm: scale and shift from an embedding of a second "
+    "1d391633fe84": ("it is an adaptive norm: scale and shift from an embedding of a second "
                      "input, applied after F.layer_norm has rounded"),  # WavTokenizerAdaLayerNorm
     "0e34a9214827": ("it subtracts the mean over the sequence after its nn.LayerNorm "
                      "submodule (swapped on its own)"),  # AutoformerLayernorm
     "f6f3f713a736": ("it scales its nn.LayerNorm submodule's rounded output by gamma + "
                      "unit_offset (the submodule is swapped on its own)"),  # MoonshineStreamingLayerNorm
-    "3a93583224a1": ("a list of nn.LayerNorms, one per head, applied to slices (each "
+    "3a93583224a1": ("it is a list of nn.LayerNorms, one per head, applied to slices (each "
                      "swapped on its own)"),  # StableLmLayerNormPerHead
     "845faf0015b3": _BATCH,  # timm BatchNormAct2d
     "4f90ceef6715": _BATCH,  # timm FrozenBatchNormAct2d
@@ -169,9 +169,9 @@ VERDICTS: dict[str, str] = {
     "a7dc7464af22": _STEPWISE + " (timm's rms_norm2d)",  # timm RmsNormAct2d
     "51a8166c3dfc": ("a channels-last (non-contiguous) input goes through its own "
                      "_layer_norm_cf, which " + _STEPWISE[3:]),  # timm LayerNormExp2d
-    "4e4b7bcb6024": ("filter response normalization (mean of squares over space, per "
+    "4e4b7bcb6024": ("it is filter response normalization (mean of squares over space, per "
                      "channel): no fused op"),  # timm FilterResponseNormAct2d
-    "77605b2478cc": ("filter response normalization (mean of squares over space, per "
+    "77605b2478cc": ("it is filter response normalization (mean of squares over space, per "
                      "channel): no fused op"),  # timm FilterResponseNormTlu2d
     "5ae1866b8856": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # B0
     "076ab18241f2": "it is EvoNorm (batch or group statistics, a gate of the input): no fused op",  # B1
