@@ -2,7 +2,7 @@
 // Every op of fusednorm, written once: its schema (what torch.ops.fusednorm.<name> takes
 // and returns) and the C++ signature of its kernels and typed handles. Read by
 // csrc/fusednorm.cpp (which defines the schemas), csrc/ops (the public ops' kernels and
-// handles, op_table::<name>), csrc/ops/row_ops.h (the backend ops' handles) and
+// handles, op_table::<name>), csrc/ops/op_handles.h (every op's typed handle) and
 // csrc/python/fast_calls.cpp (the public ops' direct Python entries). The dispatcher
 // checks, when fusednorm._C loads, that every kernel registered for an op has the
 // signature given here and that it matches the schema; tests/test_op_table.py checks that

@@ -1,6 +1,6 @@
-// CPU entries of the norm family's backend ops (schemas in csrc/fusednorm.cpp): norm_fwd /
-// norm_bwd (LayerNorm or RMSNorm, optional residual), layer_norm_fwd / layer_norm_bwd
-// (LayerNorm alone) and layer_norm_apply, all on the kernels of cpu/norm_kernels.h.
+// CPU entries of the norm family's backend ops (schemas in csrc/op_table.h): norm_fwd /
+// norm_bwd (LayerNorm or RMSNorm, optional residual) and layer_norm_apply, all on the
+// kernels of cpu/norm_kernels.h.
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>

@@ -7,8 +7,8 @@
 // GEMMs go through cuBLASLt with the epilogue that fuses the elementwise work where one
 // applies (float16 / bfloat16 / float32; GELU epilogues only for approximate="tanh", since
 // cuBLASLt's GELU is the tanh form, and only for float16 / bfloat16: in float32 it is less
-// accurate, seen on an H100 with CUDA 13.0 as weight gradients about 100x further from
-// float64 than PyTorch's, an error under 16-bit rounding), else through ATen's GEMMs plus
+// accurate than PyTorch's GELU, an error that stays under 16-bit rounding; see
+// docs/perf-notes.md, "CUDA kernels"), else through ATen's GEMMs plus
 // fusednorm's kernels ("otherwise": float64, FUSEDNORM_DISABLE_CUBLASLT=1, or no cuBLASLt
 // algorithm):
 //
