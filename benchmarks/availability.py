@@ -54,7 +54,8 @@ def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str
 def usable_providers(wanted, known, device: torch.device, notes: list[str], *, backend_op: str,
                      api: str, liger=None) -> list[str]:
     """wanted minus those that cannot run here, each absence explained in notes: fusednorm
-    without a kernel of fusednorm::<backend_op> for the device or without fusednorm.<api>;
+    (and its variants, named "fusednorm <variant>") without a kernel of
+    fusednorm::<backend_op> for the device or without fusednorm.<api>;
     liger off a GPU or where liger() (a liger_* function below) finds no Liger-Kernel.
     known: every provider name of the suite."""
     usable = []
@@ -62,7 +63,7 @@ def usable_providers(wanted, known, device: torch.device, notes: list[str], *, b
         if name not in known:
             raise SystemExit(f"unknown provider {name!r}; choose among {list(known)}")
         reason = None
-        if name == "fusednorm":
+        if name == "fusednorm" or name.startswith("fusednorm "):
             reason = fusednorm_skip_reason(device, backend_op, api)
         elif name == "liger":
             if device.type != "cuda":

@@ -77,6 +77,11 @@ def _add_layer_norm(x, r, w):
     return F.layer_norm(s, s.shape[-1:], w, None, EPS), s
 
 
+# fusednorm with zero_centered_weight: given w - 1 (a weight of [N], not a pass over the
+# rows), so that it computes what the other providers compute and passes their check.
+ZERO_CENTERED = "fusednorm zero-centered"
+
+
 def _liger_rms(x, r, w):
     return availability.liger_rms_norm().apply(x, w, EPS)
 
@@ -85,16 +90,22 @@ def _liger_rms(x, r, w):
 # the runner resets dynamo between cases.
 RMS_NORM = NormSuite("rms_norm", {
     "fusednorm": lambda x, r, w: fusednorm.rms_norm(x, x.shape[-1:], w, EPS),
+    ZERO_CENTERED: lambda x, r, w: fusednorm.rms_norm(x, x.shape[-1:], w - 1, EPS,
+                                                      zero_centered_weight=True),
     "torch": _rms, "torch.compile": torch.compile(_rms, dynamic=False), "liger": _liger_rms,
     floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x),
 }, residual=False, outputs=["y"])
 ADD_RMS_NORM = NormSuite("add_rms_norm", {
     "fusednorm": lambda x, r, w: fusednorm.add_rms_norm(x, r, x.shape[-1:], w, EPS),
+    ZERO_CENTERED: lambda x, r, w: fusednorm.add_rms_norm(x, r, x.shape[-1:], w - 1, EPS,
+                                                          zero_centered_weight=True),
     "torch": _add_rms, "torch.compile": torch.compile(_add_rms, dynamic=False),
     floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x, r),
 }, residual=True, outputs=["y", "s"])
 ADD_LAYER_NORM = NormSuite("add_layer_norm", {
     "fusednorm": lambda x, r, w: fusednorm.add_layer_norm(x, r, x.shape[-1:], w, None, EPS),
+    ZERO_CENTERED: lambda x, r, w: fusednorm.add_layer_norm(
+        x, r, x.shape[-1:], w - 1, None, EPS, zero_centered_weight=True),
     "torch": _add_layer_norm, "torch.compile": torch.compile(_add_layer_norm, dynamic=False),
     floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x, r),
 }, residual=True, outputs=["y", "s"])

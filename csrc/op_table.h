@@ -38,27 +38,33 @@ using Str = c10::string_view;
 #define FUSEDNORM_PUBLIC_OPS(X)                                                              \
   /* LayerNorm over the trailing normalized_shape dims, as torch.native_layer_norm: the     \
      output (input's shape and dtype, contiguous) and the per-row statistics mean and rstd  \
-     ([M], float32; float64 for a float64 input), which are not differentiable. */          \
+     ([M], float32; float64 for a float64 input), which are not differentiable.             \
+     zero_centered_weight (this op, rms_norm, add_layer_norm, add_rms_norm): the weight     \
+     applied is 1 + weight, formed in the computation type (float32; float64 for a float64  \
+     input) by ATen ops before the kernels run, so gradients go to weight. */               \
   X(layer_norm,                                                                              \
     "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,"      \
-    " float eps) -> (Tensor out, Tensor mean, Tensor rstd)",                                 \
-    Tensor3(Tensor, Shape, Opt, Opt, double), 1)                                             \
+    " float eps, bool zero_centered_weight=False)"                                           \
+    " -> (Tensor out, Tensor mean, Tensor rstd)",                                            \
+    Tensor3(Tensor, Shape, Opt, Opt, double, bool), 1)                                       \
   /* RMSNorm over the trailing normalized_shape dims, as torch.nn.functional.rms_norm (eps  \
      None: the machine epsilon of float32, or of float64 for a float64 input), and rstd. */ \
   X(rms_norm,                                                                                \
-    "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps)"          \
-    " -> (Tensor out, Tensor rstd)",                                                         \
-    Tensor2(Tensor, Shape, Opt, std::optional<double>), 1)                                   \
+    "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps,"          \
+    " bool zero_centered_weight=False) -> (Tensor out, Tensor rstd)",                        \
+    Tensor2(Tensor, Shape, Opt, std::optional<double>, bool), 1)                             \
   /* s = input + residual (input's dtype), then LayerNorm / RMSNorm of s, in one pass over  \
      memory: (norm(s), s, statistics); norm(s) and s are differentiable. */                 \
   X(add_layer_norm,                                                                          \
     "add_layer_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
-    " Tensor? bias, float eps) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",       \
-    Tensor4(Tensor, Tensor, Shape, Opt, Opt, double), 2)                                     \
+    " Tensor? bias, float eps, bool zero_centered_weight=False)"                             \
+    " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                                \
+    Tensor4(Tensor, Tensor, Shape, Opt, Opt, double, bool), 2)                               \
   X(add_rms_norm,                                                                            \
     "add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
-    " float? eps) -> (Tensor out, Tensor sum, Tensor rstd)",                                 \
-    Tensor3(Tensor, Tensor, Shape, Opt, std::optional<double>), 2)                           \
+    " float? eps, bool zero_centered_weight=False)"                                          \
+    " -> (Tensor out, Tensor sum, Tensor rstd)",                                             \
+    Tensor3(Tensor, Tensor, Shape, Opt, std::optional<double>, bool), 2)                     \
   /* gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre = \
      input @ weight1.T + bias1 as [M, hidden] rows (not differentiable). */                 \
   X(gelu_ffn,                                                                                \

@@ -77,10 +77,22 @@ def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_
         )
 
 
+def _check_flag(fn: str, zero_centered_weight) -> None:
+    """torch.ops takes any int for a bool argument; the functions take a bool only."""
+    if not isinstance(zero_centered_weight, bool):
+        raise FusedTypeError(f"{fn}: zero_centered_weight must be a bool, got "
+                             f"{type(zero_centered_weight).__name__}")
+
+
 def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
-                     residual=None, has_residual=False) -> None:
-    """The norm family's checks (eps None: RMSNorm's default), with the residual's."""
+                     residual=None, has_residual=False, zero_centered_weight=False) -> None:
+    """The norm family's checks (eps None: RMSNorm's default), with the residual's. With
+    zero_centered_weight, weight and bias may have any float dtype (they are widened)."""
+    _check_flag(fn, zero_centered_weight)
     shape = _normalized_shape_tuple(normalized_shape, fn)
+    if zero_centered_weight and isinstance(input, torch.Tensor):
+        weight, bias = (p.to(_param_dtype_for(input)) if isinstance(p, torch.Tensor)
+                        and p.dtype in _FLOAT_DTYPES else p for p in (weight, bias))
     _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
     if has_residual:
         if not isinstance(residual, torch.Tensor):
@@ -106,6 +118,21 @@ def _autocast_to_fp32(input, weight, bias):
         )
         return cast(input), cast(weight), cast(bias)
     return input, weight, bias
+
+
+def _param_dtype_for(input: torch.Tensor) -> torch.dtype:
+    """The computation type: float64 for float64 input, else float32."""
+    return torch.float64 if input.dtype == torch.float64 else torch.float32
+
+
+def _zero_centered(input, weight, bias, zero_centered_weight):
+    """The fallback's weight and bias for zero_centered_weight (checked before): 1 + weight
+    formed in the computation type, the bias widened alike, as the compiled ops form them."""
+    if not zero_centered_weight:
+        return weight, bias
+    dtype = _param_dtype_for(input)
+    return (None if weight is None else weight.to(dtype) + 1,
+            None if bias is None else bias.to(dtype))
 
 
 def _warn_fallback(device_type: str, instead: str = "the plain-PyTorch reference") -> None:
@@ -162,35 +189,53 @@ def layer_norm(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    zero_centered_weight: bool = False,
 ) -> torch.Tensor:
     """LayerNorm over the trailing `normalized_shape` dims; same signature and result as
     torch.nn.functional.layer_norm. Statistics in float32 (float64 for float64 input),
-    output in the input's dtype; weight/bias may be float32 for a float16/bfloat16 input."""
+    output in the input's dtype; weight/bias may be float32 for a float16/bfloat16 input.
+
+    zero_centered_weight=True applies 1 + weight (formed in float32, float64 for float64
+    input; weight and bias may then have any float dtype), as Gemma's norms do; gradients
+    go to weight."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return _call("layer_norm", (input, normalized_shape, weight, bias, eps), 1,
-                 _check_layer_norm_call, "norm_fwd", _reference_layer_norm)
+    if zero_centered_weight is not False and zero_centered_weight is not True:
+        _check_flag("fusednorm.layer_norm", zero_centered_weight)  # torch.ops would take an int
+    return _call("layer_norm", (input, normalized_shape, weight, bias, eps, zero_centered_weight),
+                 1, _check_layer_norm_call, "norm_fwd", _reference_layer_norm)
 
 
-def _check_layer_norm_call(input, normalized_shape, weight, bias, eps) -> None:
-    _check_norm_call("fusednorm.layer_norm", input, normalized_shape, weight, bias, eps)
+def _check_layer_norm_call(input, normalized_shape, weight, bias, eps,
+                           zero_centered_weight=False) -> None:
+    _check_norm_call("fusednorm.layer_norm", input, normalized_shape, weight, bias, eps,
+                     zero_centered_weight=zero_centered_weight)
 
 
-def _check_rms_norm_call(input, normalized_shape, weight, eps) -> None:
-    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps)
+def _check_rms_norm_call(input, normalized_shape, weight, eps,
+                         zero_centered_weight=False) -> None:
+    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps,
+                     zero_centered_weight=zero_centered_weight)
 
 
-def _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps) -> None:
+def _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps,
+                               zero_centered_weight=False) -> None:
     _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
-                     residual, True)
+                     residual, True, zero_centered_weight)
 
 
-def _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps) -> None:
+def _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps,
+                             zero_centered_weight=False) -> None:
     _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
-                     residual, True)
+                     residual, True, zero_centered_weight)
 
 
-def _reference_layer_norm(input, normalized_shape, weight, bias, eps):
+def _reference_layer_norm(input, normalized_shape, weight, bias, eps,
+                          zero_centered_weight=False):
+    if zero_centered_weight:
+        _check_layer_norm_call(input, normalized_shape, weight, bias, eps, True)
+        weight, bias = _zero_centered(input, weight, bias, True)
     shape = _normalized_shape_tuple(normalized_shape)
     _check_layer_norm_args(input, shape, weight, bias, eps)
     input, weight, bias = _autocast_to_fp32(input, weight, bias)
@@ -203,19 +248,25 @@ def rms_norm(
     normalized_shape: int | Sequence[int],
     weight: torch.Tensor | None = None,
     eps: float | None = None,
+    *,
+    zero_centered_weight: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the trailing `normalized_shape` dims: x / sqrt(mean(x²) + eps) * weight;
     same signature, defaults and result as torch.nn.functional.rms_norm (eps=None: the
     machine epsilon of float32, or of float64 for float64 input, as PyTorch computes it).
-    Statistics in float32 (float64 for float64), output in the input's dtype."""
+    Statistics in float32 (float64 for float64), output in the input's dtype.
+    zero_centered_weight=True applies 1 + weight, as layer_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return _call("rms_norm", (input, normalized_shape, weight, eps), 1, _check_rms_norm_call,
-                 "norm_fwd", _reference_rms_norm)
+    if zero_centered_weight is not False and zero_centered_weight is not True:
+        _check_flag("fusednorm.rms_norm", zero_centered_weight)  # torch.ops would take an int
+    return _call("rms_norm", (input, normalized_shape, weight, eps, zero_centered_weight), 1,
+                 _check_rms_norm_call, "norm_fwd", _reference_rms_norm)
 
 
-def _reference_rms_norm(input, normalized_shape, weight, eps):
-    _check_rms_norm_call(input, normalized_shape, weight, eps)
+def _reference_rms_norm(input, normalized_shape, weight, eps, zero_centered_weight=False):
+    _check_rms_norm_call(input, normalized_shape, weight, eps, zero_centered_weight)
+    weight, _ = _zero_centered(input, weight, None, zero_centered_weight)
     input, weight, _ = _autocast_to_fp32(input, weight, None)
     _warn_fallback(input.device.type)
     return reference.rms_norm(input, normalized_shape, weight, eps, upcast=False)
@@ -228,21 +279,30 @@ def add_layer_norm(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    zero_centered_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(layer_norm(s, normalized_shape, weight, bias, eps), s) with s = input + residual in
     the input's dtype: the pre-norm residual step of a transformer, in one pass over memory
-    (reads input and residual once, writes both outputs once). Both are differentiable."""
+    (reads input and residual once, writes both outputs once). Both are differentiable.
+    zero_centered_weight as layer_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return _call("add_layer_norm", (input, residual, normalized_shape, weight, bias, eps), 2,
-                 _check_add_layer_norm_call, "norm_fwd", _unfused_add_layer_norm)
+    if zero_centered_weight is not False and zero_centered_weight is not True:
+        _check_flag("fusednorm.add_layer_norm", zero_centered_weight)  # torch.ops would take an int
+    args = (input, residual, normalized_shape, weight, bias, eps, zero_centered_weight)
+    return _call("add_layer_norm", args, 2, _check_add_layer_norm_call, "norm_fwd",
+                 _unfused_add_layer_norm)
 
 
-def _unfused_add_layer_norm(input, residual, normalized_shape, weight, bias, eps):
-    _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps)
+def _unfused_add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
+                            zero_centered_weight=False):
+    _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps,
+                               zero_centered_weight)
     _warn_fallback(input.device.type, "input + residual, then layer_norm (two passes)")
     total = input + residual
-    return layer_norm(total, normalized_shape, weight, bias, eps), total
+    return layer_norm(total, normalized_shape, weight, bias, eps,
+                      zero_centered_weight=zero_centered_weight), total
 
 
 def add_rms_norm(
@@ -251,20 +311,29 @@ def add_rms_norm(
     normalized_shape: int | Sequence[int],
     weight: torch.Tensor | None = None,
     eps: float | None = None,
+    *,
+    zero_centered_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(s, normalized_shape, weight, eps), s) with s = input + residual in the
-    input's dtype, in one pass over memory; both outputs differentiable."""
+    input's dtype, in one pass over memory; both outputs differentiable.
+    zero_centered_weight as rms_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return _call("add_rms_norm", (input, residual, normalized_shape, weight, eps), 2,
-                 _check_add_rms_norm_call, "norm_fwd", _unfused_add_rms_norm)
+    if zero_centered_weight is not False and zero_centered_weight is not True:
+        _check_flag("fusednorm.add_rms_norm", zero_centered_weight)  # torch.ops would take an int
+    args = (input, residual, normalized_shape, weight, eps, zero_centered_weight)
+    return _call("add_rms_norm", args, 2, _check_add_rms_norm_call, "norm_fwd",
+                 _unfused_add_rms_norm)
 
 
-def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps):
-    _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps)
+def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps,
+                          zero_centered_weight=False):
+    _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps,
+                             zero_centered_weight)
     _warn_fallback(input.device.type, "input + residual, then rms_norm (two passes)")
     total = input + residual
-    return rms_norm(total, normalized_shape, weight, eps), total
+    return rms_norm(total, normalized_shape, weight, eps,
+                    zero_centered_weight=zero_centered_weight), total
 
 
 _APPROXIMATE = ("none", "tanh")

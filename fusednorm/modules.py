@@ -5,48 +5,98 @@ import torch
 from torch import nn
 
 from . import functional
-from .errors import FusedValueError
+from .errors import FusedTypeError, FusedValueError
 
 
-class FusedLayerNorm(nn.LayerNorm):
+class _ZeroCenteredWeight:
+    """The zero_centered_weight option of FusedLayerNorm / FusedRMSNorm: the weight applied
+    is 1 + weight (formed in float32), and reset_parameters sets weight to zeros. A class
+    attribute gives its default, so that a module swapped in place from torch's class (which
+    has no such attribute) computes as before."""
+
+    zero_centered_weight: bool = False
+
+    def _set_zero_centered_weight(self, zero_centered_weight: bool) -> None:
+        if not isinstance(zero_centered_weight, bool):
+            raise FusedTypeError(f"zero_centered_weight must be a bool, got "
+                                 f"{type(zero_centered_weight).__name__}")
+        if zero_centered_weight:
+            self.zero_centered_weight = True
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.zero_centered_weight and self.weight is not None:
+            with torch.no_grad():
+                self.weight.zero_()
+
+    def extra_repr(self) -> str:
+        extra = ", zero_centered_weight=True" if self.zero_centered_weight else ""
+        return super().extra_repr() + extra
+
+
+class FusedLayerNorm(_ZeroCenteredWeight, nn.LayerNorm):
     """torch.nn.LayerNorm computed by fusednorm's kernels.
 
     A subclass of nn.LayerNorm with the same constructor, attributes, parameters
     (`weight`, `bias`), state_dict keys and reset_parameters, so isinstance checks, init
     code and checkpoints keep working. It adds no state of its own, which is what lets
-    replace_layernorm() swap the class of an existing module in place.
+    replace_layernorm() swap the class of an existing module in place. The one addition,
+    keyword-only `zero_centered_weight=True`, applies 1 + weight (weight initialized to 0),
+    as Gemma-style checkpoints store it.
     """
 
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None, *,
+                 zero_centered_weight: bool = False) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        self._set_zero_centered_weight(zero_centered_weight)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias,
+                                     self.eps, zero_centered_weight=self.zero_centered_weight)
 
 
-class FusedRMSNorm(nn.RMSNorm):
+class FusedRMSNorm(_ZeroCenteredWeight, nn.RMSNorm):
     """torch.nn.RMSNorm computed by fusednorm's kernels: a subclass with the same
     constructor, attributes, parameter (`weight`) and state_dict keys, adding no state of
-    its own (so replace_norms() can swap the class of an existing module in place)."""
+    its own (so replace_norms() can swap the class of an existing module in place);
+    keyword-only `zero_centered_weight` as FusedLayerNorm's."""
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 zero_centered_weight: bool = False) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self._set_zero_centered_weight(zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+        return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps,
+                                   zero_centered_weight=self.zero_centered_weight)
+
+
+def hf_eps(module: nn.Module) -> float:
+    """The epsilon of a Hugging Face norm: `variance_epsilon` in most classes, `eps` in
+    others (Llama4TextRMSNorm, CpmAntLayerNorm, Gemma's)."""
+    eps = getattr(module, "variance_epsilon", None)
+    return module.eps if eps is None else eps
 
 
 class FusedHFRMSNorm(nn.Module):
     """Hugging Face's RMSNorm (LlamaRMSNorm and its copies in Qwen2, Qwen3, Mistral, ...)
     computed by fusednorm, in their order of operations: normalize in float32, cast back to
     the input's dtype, then multiply by `weight` (so the output has the dtype of
-    weight * input, as theirs). Attributes `weight` and `variance_epsilon`, as theirs:
-    replace_norms() turns such a module into this class in place."""
+    weight * input, as theirs). Attributes `weight` and `variance_epsilon` (or `eps`), as
+    theirs: replace_norms() turns such a module into this class in place."""
 
     weight: nn.Parameter
-    variance_epsilon: float
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         normed = functional.rms_norm(hidden_states, hidden_states.shape[-1:], None,
-                                     self.variance_epsilon)
+                                     hf_eps(self))
         return self.weight * normed
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+        return f"{tuple(self.weight.shape)}, eps={hf_eps(self)}"
 
 
 def _check_approximate(approximate: str) -> str:

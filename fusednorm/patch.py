@@ -3,7 +3,9 @@
 SWAPS lists every norm class that fusednorm can stand in for with the same results, keyed by
 the class's full name (so that timm, transformers, ... need not be imported to look it up).
 Each entry was checked by reading the class's forward: it must compute exactly what the
-target's forward computes over the same attributes. Supporting another class is one entry.
+target's forward computes over the same attributes. transformers' and timm's entries come
+from scripts/norm_survey.py, which keeps the verdict for every norm class of those
+libraries (docs/models.md); supporting another class is a verdict there.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from typing import Callable, Optional
 
 from torch import nn
 
+from . import swap_targets
 from .errors import FusedTypeError
 from .layer_norm_2d import FusedLayerNorm2d
+from .library_classes import SWAPPED
 from .modules import FusedHFRMSNorm, FusedLayerNorm, FusedRMSNorm
 
 logger = logging.getLogger("fusednorm")
@@ -45,21 +49,54 @@ class Swap:
     adapt: Optional[Callable[[nn.Module], None]] = None
 
 
+def _grouped(module: nn.Module) -> Optional[str]:
+    if getattr(module, "group_size", None) is not None:
+        return f"it normalizes groups of group_size={module.group_size}, not the whole row"
+    return None
+
+
+def _per_head_weight(module: nn.Module) -> Optional[str]:
+    if module.weight.dim() != 1:
+        return (f"its weight has shape {tuple(module.weight.shape)} (per-head norms): it "
+                "normalizes the last dim only")
+    return None
+
+
+# The fusednorm class for each verdict of scripts/norm_survey.py, with its family and rules.
+TARGETS: dict[str, Swap] = {
+    "FusedLayerNorm": Swap("layer_norm", FusedLayerNorm, keep_if=_timm_fast_norm),
+    "FusedLayerNorm2d": Swap("layer_norm", FusedLayerNorm2d, keep_if=_timm_fast_norm),
+    "FusedLayerNormFp32": Swap("layer_norm", swap_targets.FusedLayerNormFp32),
+    "FusedLayerNorm2dFp32": Swap("layer_norm", swap_targets.FusedLayerNorm2dFp32),
+    "FusedLayerNormChannelsFirst": Swap("layer_norm", swap_targets.FusedLayerNormChannelsFirst),
+    "FusedDataFormatLayerNorm": Swap("layer_norm", swap_targets.FusedDataFormatLayerNorm),
+    "FusedHFLayerNorm": Swap("layer_norm", swap_targets.FusedHFLayerNorm),
+    "FusedHFLayerNormCastLast": Swap("layer_norm", swap_targets.FusedHFLayerNormCastLast,
+                                     keep_if=_per_head_weight),
+    "FusedParameterFreeLayerNorm": Swap("layer_norm", swap_targets.FusedParameterFreeLayerNorm),
+    "FusedHFRMSNorm": Swap("rms_norm", FusedHFRMSNorm),
+    "FusedHFRMSNormCastLast": Swap("rms_norm", swap_targets.FusedHFRMSNormCastLast),
+    "FusedT5LayerNorm": Swap("rms_norm", swap_targets.FusedT5LayerNorm),
+    "FusedGemmaRMSNorm": Swap("rms_norm", swap_targets.FusedGemmaRMSNorm, keep_if=_grouped),
+    "FusedRMSNormFp32": Swap("rms_norm", swap_targets.FusedRMSNormFp32),
+    "FusedRMSNorm2dFp32": Swap("rms_norm", swap_targets.FusedRMSNorm2dFp32),
+    "FusedLayerNormAct": Swap("layer_norm", swap_targets.FusedLayerNormAct,
+                              keep_if=_timm_fast_norm),
+    "FusedLayerNormAct2d": Swap("layer_norm", swap_targets.FusedLayerNormAct2d,
+                                keep_if=_timm_fast_norm),
+    "FusedLayerNormActFp32": Swap("layer_norm", swap_targets.FusedLayerNormActFp32),
+    "FusedLayerNormAct2dFp32": Swap("layer_norm", swap_targets.FusedLayerNormAct2dFp32),
+    "FusedRMSNormActFp32": Swap("rms_norm", swap_targets.FusedRMSNormActFp32),
+    "FusedRMSNormAct2dFp32": Swap("rms_norm", swap_targets.FusedRMSNormAct2dFp32),
+}
+
 SWAPS: dict[str, Swap] = {
     # torch: F.layer_norm(x, normalized_shape, weight, bias, eps).
     "torch.nn.modules.normalization.LayerNorm": Swap("layer_norm", FusedLayerNorm),
-    # timm >= 0.9 (checked up to 1.0.31): F.layer_norm over the same args unless fast norm.
-    "timm.layers.norm.LayerNorm": Swap("layer_norm", FusedLayerNorm, keep_if=_timm_fast_norm),
-    # timm: permute NCHW -> NHWC, F.layer_norm over C, permute back; as FusedLayerNorm2d.
-    "timm.layers.norm.LayerNorm2d": Swap("layer_norm", FusedLayerNorm2d,
-                                         keep_if=_timm_fast_norm),
     # torch: F.rms_norm(x, normalized_shape, weight, eps).
     "torch.nn.modules.normalization.RMSNorm": Swap("rms_norm", FusedRMSNorm),
-    # transformers (checked on 5.23): x.float() * rsqrt(mean(x²) + variance_epsilon), cast
-    # to the input dtype, times weight. Gemma's (1 + weight) and T5's cast rule differ: kept.
-    **{f"transformers.models.{m}.modeling_{m}.{c}RMSNorm": Swap("rms_norm", FusedHFRMSNorm)
-       for m, c in (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"),
-                    ("mistral", "Mistral"))},
+    # transformers' and timm's: surveyed by scripts/norm_survey.py (docs/models.md).
+    **{name: TARGETS[target] for name, target in SWAPPED.items()},
 }
 
 
@@ -203,12 +240,12 @@ def replace_layernorm(model: nn.Module) -> nn.Module:
     """Turns every LayerNorm of `model` (the model itself included) whose class fusednorm
     knows to compute F.layer_norm into fusednorm's, in place, and returns the model.
 
-    Swapped: torch.nn.LayerNorm and timm.layers.LayerNorm (-> FusedLayerNorm) and timm's
-    channels-first timm.layers.LayerNorm2d (-> FusedLayerNorm2d), the classes in
-    fusednorm.patch.SWAPS. Other subclasses of nn.LayerNorm are left alone, since they may
-    compute something else. The modules keep their identity, Parameter objects (so
-    optimizer state stays valid), device, dtype, hooks and train/eval mode: only their
-    class changes.
+    Swapped: torch.nn.LayerNorm and timm.layers.LayerNorm (-> FusedLayerNorm), timm's
+    channels-first timm.layers.LayerNorm2d (-> FusedLayerNorm2d) and the other LayerNorm
+    classes of fusednorm.patch.SWAPS (docs/models.md). Other subclasses of nn.LayerNorm
+    are left alone, since they may compute something else. The modules keep their
+    identity, Parameter objects (so optimizer state stays valid), device, dtype, hooks and
+    train/eval mode: only their class changes.
 
     What was swapped is logged at INFO level (logger "fusednorm"); a UserWarning says so
     when the model has norm modules but none was swapped. fusednorm.norm_report(model)
@@ -220,8 +257,9 @@ def replace_layernorm(model: nn.Module) -> nn.Module:
 
 def replace_norms(model: nn.Module) -> nn.Module:
     """replace_layernorm, and the same for RMSNorm: torch.nn.RMSNorm (-> FusedRMSNorm) and
-    Hugging Face's LlamaRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm, MistralRMSNorm
-    (-> FusedHFRMSNorm, which keeps their order of operations). In place, same Parameter
-    objects; returns the model. Logging, warning and norm_report as replace_layernorm's."""
+    every transformers / timm norm class that docs/models.md lists as swapped (Llama-style
+    RMSNorms -> FusedHFRMSNorm, T5's, Cohere's, ... -> the fusednorm.swap_targets class that
+    keeps their order of operations and cast rule). In place, same Parameter objects;
+    returns the model. Logging, warning and norm_report as replace_layernorm's."""
     swap_modules(model, REPLACE_FAMILIES["replace_norms"], "replace_norms")
     return model

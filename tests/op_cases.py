@@ -53,6 +53,15 @@ OPS = {
     "add_rms_norm": (("x", "r", "w"),
                      lambda x, r, w: fusednorm.add_rms_norm(x, r, (D,), w, 1e-6),
                      lambda x, r, w: (_rms_norm(x + r, w), x + r)),
+    # zero_centered_weight: 1 + w applied, the gradient to w.
+    "rms_norm_zero_centered": (("x", "w"),
+                               lambda x, w: (fusednorm.rms_norm(x, (D,), w, 1e-6,
+                                                                zero_centered_weight=True),),
+                               lambda x, w: (_rms_norm(x, 1 + w),)),
+    "add_layer_norm_zero_centered": (
+        ("x", "r", "w", "b"),
+        lambda x, r, w, b: fusednorm.add_layer_norm(x, r, (D,), w, b, zero_centered_weight=True),
+        lambda x, r, w, b: (_layer_norm(x + r, 1 + w, b), x + r)),
     "gelu_ffn": (("x", "w1", "b1", "w2", "b2"),
                  lambda *a: (fusednorm.gelu_ffn(*a),),
                  lambda *a: (_ffn(*a),)),

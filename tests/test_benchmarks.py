@@ -277,10 +277,10 @@ def test_norm_family_results_format(tmp_path, suite):
 
     module = bench_norm_family.SUITES[suite]
     result, md, folder = _run(module, tmp_path, "--shapes", "16x24", "--dtypes", "fp32",
-                              "--providers", "fusednorm,torch,fresh-copy",
+                              "--providers", "fusednorm,fusednorm zero-centered,torch,fresh-copy",
                               "--passes", "fwd,fwd+bwd")
     assert list(result) == TOP_KEYS and result["suite"] == suite
-    assert len(result["rows"]) == 2 * 3  # passes x providers: all ran (the floor unchecked)
+    assert len(result["rows"]) == 2 * 4  # passes x providers: all ran (the floor unchecked)
     for row in result["rows"]:
         assert sorted(row) == sorted(NORM_ROW_KEYS)
     _check_files(result, folder, suite)

@@ -103,6 +103,17 @@ CASES = [
     (lambda: fusednorm.LayerNormGeluFFNFunction.apply(X, None, None, 1e-5, W1, None,
                                                       torch.randn(7, 16), None, "none"),
      None, ValueError, "weight2"),
+    # zero_centered_weight: a bool; with it, weight and bias of any float dtype, but float.
+    (lambda: fusednorm.layer_norm(X, (8,), zero_centered_weight=1), None, TypeError,
+     "zero_centered_weight must be a bool"),
+    (lambda: fusednorm.add_rms_norm(X, X, (8,), zero_centered_weight=None), None, TypeError,
+     "zero_centered_weight must be a bool"),
+    (lambda: fusednorm.rms_norm(X, (8,), torch.ones(8, dtype=torch.int32),
+                                zero_centered_weight=True), None, TypeError, "weight"),
+    (lambda: fusednorm.add_layer_norm(X, X, (8,), torch.ones(7), zero_centered_weight=True),
+     None, ValueError, "weight"),
+    (lambda: fusednorm.FusedRMSNorm(8, zero_centered_weight="yes"), None, TypeError,
+     "zero_centered_weight must be a bool"),
     (lambda: fusednorm.replace_layernorm([nn.LayerNorm(8)]), None, TypeError, "model"),
     (lambda: fusednorm.norm_report(None), None, TypeError, "model"),
 ]

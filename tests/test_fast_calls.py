@@ -43,10 +43,10 @@ def _args(device, dtype=torch.float32):
 def _calls(a):
     x, r, w, b, w1, b1, w2, b2 = (a[k] for k in ("x", "r", "w", "b", "w1", "b1", "w2", "b2"))
     return {
-        "layer_norm": ((x, (37,), w, b, 1e-5), ops.LAYER_NORM, 1),
-        "rms_norm": ((x, [37], w, None), ops.RMS_NORM, 1),
-        "add_layer_norm": ((x, r, torch.Size([37]), w, b, 1e-5), ops.ADD_LAYER_NORM, 2),
-        "add_rms_norm": ((x, r, (37,), None, 1e-6), ops.ADD_RMS_NORM, 2),
+        "layer_norm": ((x, (37,), w, b, 1e-5, False), ops.LAYER_NORM, 1),
+        "rms_norm": ((x, [37], w, None, True), ops.RMS_NORM, 1),
+        "add_layer_norm": ((x, r, torch.Size([37]), w, b, 1e-5, True), ops.ADD_LAYER_NORM, 2),
+        "add_rms_norm": ((x, r, (37,), None, 1e-6, False), ops.ADD_RMS_NORM, 2),
         "gelu_ffn": ((x, w1, b1, w2, b2, "tanh"), ops.GELU_FFN, 1),
         "layer_norm_gelu_ffn": ((x, w, b, 1e-5, w1, None, w2, b2, "none"),
                                 ops.LAYER_NORM_GELU_FFN, 1),
@@ -140,10 +140,12 @@ def test_functions_keep_torch_function_semantics():
     {"shape": (torch.tensor(37),)}, {"shape": (True,)}, {"shape": 37}, {"shape": ((37,),)},
     {"shape": (2 ** 70,)}, {"eps": torch.tensor(1e-5)}, {"eps": None}, {"eps": True},
     {"weight": "w"}, {"weight": 1.0}, {"input": [[1.0]]}, {"input": None},
+    {"zero_centered": 1}, {"zero_centered": None},
 ])
 def test_entry_declines_other_argument_types(bad):
     x, w, b = torch.randn(2, 37), torch.randn(37), torch.randn(37)
-    args = {"input": x, "shape": (37,), "weight": w, "bias": b, "eps": 1e-5}
+    args = {"input": x, "shape": (37,), "weight": w, "bias": b, "eps": 1e-5,
+            "zero_centered": False}
     args.update(bad)
     assert ops.FAST.layer_norm(*args.values()) is NotImplemented
 
@@ -152,18 +154,18 @@ def test_entry_declines_other_argument_types(bad):
 def test_entry_takes_int_eps_and_parameters():
     x = random_input((2, 37), torch.float32, "cpu")
     w = torch.nn.Parameter(torch.randn(37))
-    out = ops.FAST.layer_norm(x, [37], w, None, 0)
+    out = ops.FAST.layer_norm(x, [37], w, None, 0, False)
     assert out is not NotImplemented
     assert torch.equal(out, ops.LAYER_NORM(x, [37], w, None, 0.0)[0])
 
 
 @needs_fast
 @pytest.mark.parametrize("call", [
-    lambda x: ops.FAST.layer_norm(x, (36,), None, None, 1e-5),  # shape mismatch
-    lambda x: ops.FAST.layer_norm(x, (37,), torch.randn(36), None, 1e-5),
-    lambda x: ops.FAST.layer_norm(x.to(torch.int32), (37,), None, None, 1e-5),
-    lambda x: ops.FAST.rms_norm(x, (37,), None, -1.0),
-    lambda x: ops.FAST.add_layer_norm(x, x[:1], (37,), None, None, 1e-5),
+    lambda x: ops.FAST.layer_norm(x, (36,), None, None, 1e-5, False),  # shape mismatch
+    lambda x: ops.FAST.layer_norm(x, (37,), torch.randn(36), None, 1e-5, True),
+    lambda x: ops.FAST.layer_norm(x.to(torch.int32), (37,), None, None, 1e-5, False),
+    lambda x: ops.FAST.rms_norm(x, (37,), None, -1.0, False),
+    lambda x: ops.FAST.add_layer_norm(x, x[:1], (37,), None, None, 1e-5, False),
     lambda x: ops.FAST.gelu_ffn(x, torch.randn(8, 37), None, torch.randn(37, 8), None, "erf"),
 ])
 def test_entry_declines_on_errors(call):
@@ -174,7 +176,7 @@ def test_entry_declines_on_errors(call):
 
 @needs_fast
 def test_entry_refuses_wrong_argument_counts():
-    with pytest.raises(TypeError, match="takes 5 arguments"):
+    with pytest.raises(TypeError, match="takes 6 arguments"):
         ops.FAST.layer_norm(torch.randn(2, 3), (3,))
 
 
@@ -209,7 +211,10 @@ def test_functions_take_the_direct_entry(name, monkeypatch):
     monkeypatch.setattr(ops, op.__name__.split(".")[0].upper(), None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = getattr(functional, name)(*args)
+        # The norm functions take zero_centered_weight by keyword only.
+        zero_centered = args[-1] if isinstance(args[-1], bool) else None
+        got = (getattr(functional, name)(*args) if zero_centered is None else
+               getattr(functional, name)(*args[:-1], zero_centered_weight=zero_centered))
     got = got if isinstance(got, tuple) else (got,)
     for g, e in zip(got, expected):
         assert torch.equal(g, e)

@@ -301,3 +301,39 @@ def test_hf_rms_norm_classes_keep_their_numerics(family, dtype):
     # cast before the weight makes at most one bf16 step of difference, rarely.
     torch.testing.assert_close(out, expected, rtol=1e-5 if dtype == torch.float32 else 8e-3,
                                atol=1e-6 if dtype == torch.float32 else 8e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemma_replace_norms(device):
+    """A small random Gemma: replace_norms swaps its GemmaRMSNorms (x.float() times
+    1 + weight.float(), cast back) for FusedGemmaRMSNorm and changes neither outputs nor
+    gradients."""
+    config = transformers.GemmaConfig(vocab_size=101, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=64)
+    model = transformers.GemmaForCausalLM(config).to(device).eval()
+    _randomize_rms_weights(model)
+    fused = fusednorm.replace_norms(copy.deepcopy(model))
+    assert _count(fused, fusednorm.swap_targets.FusedGemmaRMSNorm) == 5
+    inputs = {"input_ids": _tokens(2, 16, 101).to(device)}
+    assert_same_outputs_and_grads(model, fused, inputs, normwise_grads=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_t5_replace_norms(device):
+    """A small random T5 encoder: replace_norms swaps its T5LayerNorms (float32 variance,
+    the weight's cast rule) for FusedT5LayerNorm and changes neither outputs nor
+    gradients."""
+    config = transformers.T5Config(vocab_size=101, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                   num_heads=4, dropout_rate=0.0)
+    model = transformers.T5EncoderModel(config).to(device).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "T5LayerNorm":
+                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
+    fused = fusednorm.replace_norms(copy.deepcopy(model))
+    assert _count(fused, fusednorm.swap_targets.FusedT5LayerNorm) == 5  # 2 per layer + final
+    inputs = {"input_ids": _tokens(2, 16, 101).to(device)}
+    assert_same_outputs_and_grads(model, fused, inputs, normwise_grads=True)

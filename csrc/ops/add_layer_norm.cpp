@@ -17,26 +17,30 @@ const auto& op() { return public_ops::add_layer_norm(); }
 
 Outputs rows(const at::Tensor& input, const at::Tensor& residual,
              c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-             const OptTensor& bias, double eps) {
-  return forward_rows(kKind, input, residual, normalized_shape, weight, bias, eps);
+             const OptTensor& bias, double eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
+  return forward_rows(kKind, input, residual, normalized_shape, p.weight, p.bias, eps);
 }
 
 Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                         c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                        const OptTensor& bias, double eps) {
-  const auto below = [&] { return op().call(input, residual, normalized_shape, weight, bias, eps); };
-  return autograd_call(kKind, input, residual, normalized_shape, weight, bias, eps, below);
+                        const OptTensor& bias, double eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
+  const auto below = [&] {
+    return op().call(input, residual, normalized_shape, p.weight, p.bias, eps, false);
+  };
+  return autograd_call(kKind, input, residual, normalized_shape, p.weight, p.bias, eps, below);
 }
 
 // Under CUDA autocast: the sum as eager's (autocast leaves add alone), then layer_norm by
 // its autocast rule (float32).
 Outputs autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                       c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                      const OptTensor& bias, double eps) {
+                      const OptTensor& bias, double eps, bool zero_centered_weight) {
   check_residual(kKind, input, residual);
   const at::Tensor sum = at::add(input, residual);
-  auto [out, mean, rstd] =
-      public_ops::layer_norm().call(sum, normalized_shape, weight, bias, eps);
+  auto [out, mean, rstd] = public_ops::layer_norm().call(sum, normalized_shape, weight, bias,
+                                                         eps, zero_centered_weight);
   return {out, sum, mean, rstd};
 }
 

@@ -18,21 +18,23 @@ const auto& op() { return public_ops::add_rms_norm(); }
 
 Result rows(const at::Tensor& input, const at::Tensor& residual,
             c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-            std::optional<double> eps) {
-  auto [out, sum, mean, rstd] = forward_rows(kKind, input, residual, normalized_shape, weight,
+            std::optional<double> eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
+  auto [out, sum, mean, rstd] = forward_rows(kKind, input, residual, normalized_shape, p.weight,
                                              std::nullopt, eps.value_or(default_rms_eps(input)));
   return {out, sum, rstd};
 }
 
 Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                       std::optional<double> eps) {
+                       std::optional<double> eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   const auto below = [&]() -> Outputs {
-    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, weight, eps);
+    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, p.weight, eps, false);
     return {out, sum, at::Tensor(), rstd};  // no mean
   };
   auto [out, sum, mean, rstd] =
-      autograd_call(kKind, input, residual, normalized_shape, weight, std::nullopt,
+      autograd_call(kKind, input, residual, normalized_shape, p.weight, std::nullopt,
                     eps.value_or(default_rms_eps(input)), below);
   return {out, sum, rstd};
 }
@@ -41,10 +43,11 @@ Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
 // its autocast rule (float32).
 Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                      c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                     std::optional<double> eps) {
+                     std::optional<double> eps, bool zero_centered_weight) {
   check_residual(kKind, input, residual);
   const at::Tensor sum = at::add(input, residual);
-  auto [out, rstd] = public_ops::rms_norm().call(sum, normalized_shape, weight, eps);
+  auto [out, rstd] =
+      public_ops::rms_norm().call(sum, normalized_shape, weight, eps, zero_centered_weight);
   return {out, sum, rstd};
 }
 

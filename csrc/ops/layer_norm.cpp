@@ -16,28 +16,33 @@ constexpr NormKind kKind{"fusednorm.layer_norm", /*centered=*/true, /*residual=*
 const auto& op() { return public_ops::layer_norm(); }
 
 Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-            const OptTensor& weight, const OptTensor& bias, double eps) {
+            const OptTensor& weight, const OptTensor& bias, double eps,
+            bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
   auto [out, sum, mean, rstd] =
-      forward_rows(kKind, input, std::nullopt, normalized_shape, weight, bias, eps);
+      forward_rows(kKind, input, std::nullopt, normalized_shape, p.weight, p.bias, eps);
   return {out, mean, rstd};
 }
 
 Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                       const OptTensor& weight, const OptTensor& bias, double eps) {
+                       const OptTensor& weight, const OptTensor& bias, double eps,
+                       bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
   const auto below = [&]() -> Outputs {
-    auto [out, mean, rstd] = op().call(input, normalized_shape, weight, bias, eps);
+    auto [out, mean, rstd] = op().call(input, normalized_shape, p.weight, p.bias, eps, false);
     return {out, at::Tensor(), mean, rstd};  // no sum without a residual
   };
   auto [out, sum, mean, rstd] =
-      autograd_call(kKind, input, std::nullopt, normalized_shape, weight, bias, eps, below);
+      autograd_call(kKind, input, std::nullopt, normalized_shape, p.weight, p.bias, eps, below);
   return {out, mean, rstd};
 }
 
 Result autocast_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                     const OptTensor& weight, const OptTensor& bias, double eps) {
+                     const OptTensor& weight, const OptTensor& bias, double eps,
+                     bool zero_centered_weight) {
   return autocast_cuda_fp32(
       [&](const at::Tensor& x, const OptTensor&, const OptTensor& w, const OptTensor& b) {
-        return op().call(x, normalized_shape, w, b, eps);
+        return op().call(x, normalized_shape, w, b, eps, zero_centered_weight);
       },
       input, std::nullopt, weight, bias);
 }

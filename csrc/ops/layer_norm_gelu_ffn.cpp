@@ -156,7 +156,7 @@ Result block_autocast(const at::Tensor& input, const OptTensor& ln_weight,
   TORCH_CHECK_VALUE(input.dim() >= 1, kName,
                     ": input must have at least one dim (the features), got a scalar");
   const c10::SymInt d = input.sym_size(-1);
-  auto [normed, mean, rstd] = layer_norm.call(input, {d}, ln_weight, ln_bias, eps);
+  auto [normed, mean, rstd] = layer_norm.call(input, {d}, ln_weight, ln_bias, eps, false);
   auto [y, hidden] = gelu_ffn.call(normed, weight1, bias1, weight2, bias2, approximate);
   check_residual(input, weight1, weight2);  // weight1, weight2 are 2-D: gelu_ffn checked
   return {at::add(input, y), mean, rstd, hidden};

@@ -52,6 +52,34 @@ inline void check_residual(const NormKind& kind, const at::Tensor& input,
                    "), got ", python_dtype(residual.scalar_type()));
 }
 
+// zero_centered_weight: the kernels get 1 + weight as their weight, formed here once per
+// call (N values, never a pass over the rows) in the computation type (float32; float64 for
+// a float64 input): one rounding of the exact sum, the same on every device, and no kernel
+// variant. ATen ops form it, so autograd carries gradients (and forward-mode tangents) from
+// it to weight. A bias is widened alike (exact), since the kernels take weight and bias of
+// one dtype. Any float dtype of weight/bias is accepted: what the kernels see is widened.
+struct Params {
+  OptTensor weight, bias;
+};
+
+inline Params effective_params(const NormKind& kind, const at::Tensor& input,
+                               const OptTensor& weight, const OptTensor& bias,
+                               bool zero_centered) {
+  if (!zero_centered) return {weight, bias};
+  check_public_input(kind.name, input);
+  const at::ScalarType type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto widened = [&](const OptTensor& param, const char* name) -> OptTensor {
+    if (!param.has_value() || !param->defined()) return param;
+    TORCH_CHECK_TYPE(is_supported_float(param->scalar_type()), kind.name, ": ", name,
+                     " must be float32, float64, float16 or bfloat16, got ",
+                     python_dtype(param->scalar_type()));
+    return param->to(type);
+  };
+  OptTensor one_plus_weight = widened(weight, "weight");
+  if (one_plus_weight.has_value()) one_plus_weight = at::add(*one_plus_weight, 1);
+  return {one_plus_weight, widened(bias, "bias")};
+}
+
 // Below autograd, any backend: check, view as rows, run the backend kernel, give back the
 // input's shape.
 inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,

@@ -15,30 +15,34 @@ constexpr NormKind kKind{"fusednorm.rms_norm", /*centered=*/false, /*residual=*/
 const auto& op() { return public_ops::rms_norm(); }
 
 Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-            const OptTensor& weight, std::optional<double> eps) {
+            const OptTensor& weight, std::optional<double> eps, bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   auto [out, sum, mean, rstd] = forward_rows(kKind, input, std::nullopt, normalized_shape,
-                                             weight, std::nullopt,
+                                             p.weight, std::nullopt,
                                              eps.value_or(default_rms_eps(input)));
   return {out, rstd};
 }
 
 Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                       const OptTensor& weight, std::optional<double> eps) {
+                       const OptTensor& weight, std::optional<double> eps,
+                       bool zero_centered_weight) {
+  const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   const auto below = [&]() -> Outputs {
-    auto [out, rstd] = op().call(input, normalized_shape, weight, eps);
+    auto [out, rstd] = op().call(input, normalized_shape, p.weight, eps, false);
     return {out, at::Tensor(), at::Tensor(), rstd};  // no sum, no mean
   };
   auto [out, sum, mean, rstd] =
-      autograd_call(kKind, input, std::nullopt, normalized_shape, weight, std::nullopt,
+      autograd_call(kKind, input, std::nullopt, normalized_shape, p.weight, std::nullopt,
                     eps.value_or(default_rms_eps(input)), below);
   return {out, rstd};
 }
 
 Result autocast_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                     const OptTensor& weight, std::optional<double> eps) {
+                     const OptTensor& weight, std::optional<double> eps,
+                     bool zero_centered_weight) {
   return autocast_cuda_fp32(
       [&](const at::Tensor& x, const OptTensor&, const OptTensor& w, const OptTensor&) {
-        return op().call(x, normalized_shape, w, eps);
+        return op().call(x, normalized_shape, w, eps, zero_centered_weight);
       },
       input, std::nullopt, weight, std::nullopt);
 }

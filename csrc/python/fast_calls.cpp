@@ -115,6 +115,12 @@ bool string_arg(PyObject* obj, std::string& out) {
   return true;
 }
 
+bool bool_arg(PyObject* obj, bool& out) {
+  if (obj != Py_True && obj != Py_False) return false;
+  out = obj == Py_True;
+  return true;
+}
+
 PyObject* not_implemented() {
   Py_RETURN_NOTIMPLEMENTED;
 }
@@ -187,6 +193,13 @@ struct ArgSlot<std::optional<double>> {
   std::optional<double> value;
   bool parse(PyObject* obj) { return optional_float_arg(obj, value); }
   std::optional<double> pass() const { return value; }
+};
+
+template <>
+struct ArgSlot<bool> {
+  bool value = false;
+  bool parse(PyObject* obj) { return bool_arg(obj, value); }
+  bool pass() const { return value; }
 };
 
 template <>

@@ -7,10 +7,10 @@ ADD_LAYER_NORM = overload("add_layer_norm")
 
 
 @register_fake("add_layer_norm")
-def _fake(input, residual, normalized_shape, weight, bias, eps):
+def _fake(input, residual, normalized_shape, weight, bias, eps, zero_centered_weight=False):
     from ..functional import _check_norm_call
     _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
-                     residual, True)
+                     residual, True, zero_centered_weight)
     rows = leading_rows(input, len(normalized_shape))
     return (input.new_empty(input.shape), input.new_empty(input.shape), row_stat(input, rows),
             row_stat(input, rows))

@@ -7,9 +7,9 @@ ADD_RMS_NORM = overload("add_rms_norm")
 
 
 @register_fake("add_rms_norm")
-def _fake(input, residual, normalized_shape, weight, eps):
+def _fake(input, residual, normalized_shape, weight, eps, zero_centered_weight=False):
     from ..functional import _check_norm_call
     _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
-                     residual, True)
+                     residual, True, zero_centered_weight)
     rows = leading_rows(input, len(normalized_shape))
     return input.new_empty(input.shape), input.new_empty(input.shape), row_stat(input, rows)

@@ -8,9 +8,9 @@ LAYER_NORM = overload("layer_norm")
 
 
 @register_fake("layer_norm")
-def _fake(input, normalized_shape, weight, bias, eps):
+def _fake(input, normalized_shape, weight, bias, eps, zero_centered_weight=False):
     from ..functional import _check_layer_norm_call
-    _check_layer_norm_call(input, normalized_shape, weight, bias, eps)
+    _check_layer_norm_call(input, normalized_shape, weight, bias, eps, zero_centered_weight)
     rows = leading_rows(input, len(normalized_shape))
     return input.new_empty(input.shape), row_stat(input, rows), row_stat(input, rows)
 

@@ -7,7 +7,8 @@ RMS_NORM = overload("rms_norm")
 
 
 @register_fake("rms_norm")
-def _fake(input, normalized_shape, weight, eps):
+def _fake(input, normalized_shape, weight, eps, zero_centered_weight=False):
     from ..functional import _check_norm_call
-    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps)
+    _check_norm_call("fusednorm.rms_norm", input, normalized_shape, weight, None, eps,
+                     zero_centered_weight=zero_centered_weight)
     return input.new_empty(input.shape), row_stat(input, leading_rows(input, len(normalized_shape)))
