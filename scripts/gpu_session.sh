@@ -13,7 +13,8 @@
 #   6. default benchmark suites with --save (BENCH_SUITES, default layer_norm,rms_norm), the
 #      files they wrote into benchmarks/results/<device>/ copied into the archive.
 #
-#   bash scripts/gpu_session.sh              results in $OUT/session, archive $OUT/gpu_session.tar.gz
+#   bash scripts/gpu_session.sh     results in gpu_session_results/session/, packed into
+#                                   $OUT/gpu_session.tar.gz (no $OUT: beside the folder)
 #   DEADLINE_S=540          seconds in all (default 540); each step runs under the time left
 #   AB_QUESTIONS=a,b        questions of the sweep (default: all, benchmarks/cuda_ab/variants.py)
 #   AB_ARGS="--n 4096,16384 --rounds 5"   more options for the sweep
@@ -22,15 +23,16 @@
 #                           (scripts/source_commit.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=${OUT:-$PWD/gpu_session_results}
-DIR=$ROOT/session
-mkdir -p "$DIR"
+# The results folder sits in the tree (ignored); only the archive goes to $OUT.
+DIR=$PWD/gpu_session_results/session
+ARCHIVE=${OUT:-$PWD/gpu_session_results}/gpu_session.tar.gz
+rm -rf "$DIR" && mkdir -p "$DIR" "$(dirname "$ARCHIVE")"
 PYTHON=${PYTHON:-python3}
 export DEADLINE_S=${DEADLINE_S:-540}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$PATH"
 BENCH_SUITES=${BENCH_SUITES-layer_norm,rms_norm}
-trap 'tar czf "$ROOT/gpu_session.tar.gz" -C "$ROOT" session && echo "packed $ROOT/gpu_session.tar.gz"' EXIT
+trap 'tar czf "$ARCHIVE" -C "$(dirname "$DIR")" session && echo "packed $ARCHIVE"' EXIT
 
 log() { echo "[gpu_session $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$DIR/session.log"; }
 left() { local l=$((DEADLINE_S - SECONDS)); ((l < 5)) && l=5; echo $l; }
