@@ -80,3 +80,6 @@ if [[ -n "$BENCH_SUITES" && $(left) -ge 90 ]]; then
   mkdir -p "$DIR/results" && cp -r "benchmarks/results/$slug" "$DIR/results/" 2>/dev/null
 fi
 log "done"
+# The device tool's reply carries the end of the output: the steps, the tests, the sweep.
+cat "$DIR/session.log" "$DIR/check_tests/summary.md" 2>/dev/null
+tail -n 60 "$DIR/cuda_ab/cuda_ab.md" 2>/dev/null
