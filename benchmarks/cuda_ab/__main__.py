@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         p = sub.add_parser(name)
         p.add_argument("--questions", help="comma list (default: all)")
         p.add_argument("--workdir", type=Path, default=build.DEFAULT_WORKDIR)
-        p.add_argument("--jobs", type=int, help="compiler jobs in all (default: CPU count)")
+        p.add_argument("--jobs", type=int, help="compiler jobs per variant, at most (default: CPU count)")
     run = sub.choices["run"]
     run.add_argument("--n", default=",".join(map(str, sweep.DEFAULT_N)),
                      type=lambda s: [int(v) for v in s.split(",")])
@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks.cuda_ab run needs a CUDA GPU (build does not)")
     modules = {v: build.import_built(v, args.workdir) for v in plan}
+    resources = build.kernel_resources(modules)
+    for v, kernels in resources.items():
+        spills = [k for k in kernels if k["spills"]]
+        print(f"{v}: {len(kernels)} row kernels, registers up to "
+              f"{max((k['registers'] for k in kernels), default=0)}, spilling: "
+              f"{', '.join(k['kernel'] for k in spills) or 'none'}", flush=True)
     rows, start = [], time.monotonic()
     for case in sweep.cases(questions, args.n, args.elements, args.tags):
         q = QUESTIONS[case.question]
@@ -100,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                             f"{args.rounds} rounds in turns")
     result["questions"] = {q.name: {"why": q.why, "variants": {
         v: [vars(e) for e in edits] for v, edits in q.variants.items()}} for q in questions}
+    result["kernels"] = resources
     result["rows"] = rows
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cuda_ab.json").write_text(json.dumps(result, indent=1) + "\n")

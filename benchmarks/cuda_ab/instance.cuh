@@ -4,8 +4,11 @@
 #include "cuda/norm_instances.cuh"
 #include "registry.h"
 
-#define FUSEDNORM_AB_REGISTER(tag, T, P) \
-  FUSEDNORM_NORM_ONLY_##tag(ab::register_entry<FUSEDNORM_NORM_CENTERED, T, P>(FUSEDNORM_AB_BACKWARD);)
+#define FUSEDNORM_AB_REGISTER_(pass) register_##pass
+#define FUSEDNORM_AB_REGISTER_PASS(pass) FUSEDNORM_AB_REGISTER_(pass)
+#define FUSEDNORM_AB_REGISTER(tag, T, P)                                               \
+  FUSEDNORM_NORM_ONLY_##tag(ab::FUSEDNORM_AB_REGISTER_PASS(FUSEDNORM_NORM_PASS)<       \
+                            FUSEDNORM_NORM_CENTERED, T, P>();)
 
 namespace fusednorm::cuda {
 namespace {

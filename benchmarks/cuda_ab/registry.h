@@ -58,14 +58,18 @@ void bwd_entry(const BwdPtrs& p, Workspace& ws, DeviceInfo dev, cudaStream_t str
   norm_bwd_cuda<CENTERED>(a, ws, dev, stream);
 }
 
+// One per pass, so that an instance file instantiates only its own pass's kernels.
 template <bool CENTERED, typename T, typename P>
-bool register_entry(bool backward) {
-  const Key key{CENTERED, c10::CppTypeToScalarType<T>::value, c10::CppTypeToScalarType<P>::value};
-  if (backward) {
-    bwd_entries()[key] = &bwd_entry<CENTERED, T, P>;
-  } else {
-    fwd_entries()[key] = &fwd_entry<CENTERED, T, P>;
-  }
+bool register_fwd() {
+  fwd_entries()[{CENTERED, c10::CppTypeToScalarType<T>::value,
+                 c10::CppTypeToScalarType<P>::value}] = &fwd_entry<CENTERED, T, P>;
+  return true;
+}
+
+template <bool CENTERED, typename T, typename P>
+bool register_bwd() {
+  bwd_entries()[{CENTERED, c10::CppTypeToScalarType<T>::value,
+                 c10::CppTypeToScalarType<P>::value}] = &bwd_entry<CENTERED, T, P>;
   return true;
 }
 
