@@ -54,7 +54,7 @@ log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)
 DEADLINE_S=$(left) PHASES=build step build bash scripts/gpu_check.sh "$DIR/check_build" ||
   { log "build failed: stopping"; exit 1; }
 
-# 2 + 3. The variants compile on 8 cores while the tests run on the others and the GPU.
+# 2 + 3. The variants compile (a job per source, at most 8 a variant) while the tests run.
 "$PYTHON" -m benchmarks.cuda_ab build --jobs 8 ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} \
   > "$DIR/cuda_ab_build.log" 2>&1 &
 ab_build=$!
