@@ -36,10 +36,10 @@ trap 'tar czf "$ARCHIVE" -C "$(dirname "$DIR")" session && echo "packed $ARCHIVE
 
 log() { echo "[gpu_session $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$DIR/session.log"; }
 left() { local l=$((DEADLINE_S - SECONDS)); ((l < 5)) && l=5; echo $l; }
-step() {  # name, command...: runs under the time left, logs to <name>.log, notes the result
-  local name=$1 start=$SECONDS code
-  shift
-  timeout "$(left)" "$@" > "$DIR/$name.log" 2>&1
+step() {  # name, seconds, command...: runs it under that limit, logs to <name>.log
+  local name=$1 limit=$2 start=$SECONDS code
+  shift 2
+  timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
   code=$?
   log "$name: exit $code in $((SECONDS - start)) s"
   return $code
@@ -51,31 +51,33 @@ fi
 log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 
 # 1. Build (gpu_check.sh: the system's compilers first, the error-path check, build_info).
-DEADLINE_S=$(left) PHASES=build step build bash scripts/gpu_check.sh "$DIR/check_build" ||
+t=$(left)
+step build "$t" env DEADLINE_S="$t" PHASES=build bash scripts/gpu_check.sh "$DIR/check_build" ||
   { log "build failed: stopping"; exit 1; }
 
 # 2 + 3. The variants compile (a job per source, at most 8 a variant) while the tests run.
-"$PYTHON" -m benchmarks.cuda_ab build --jobs 8 ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} \
+timeout "$(left)" "$PYTHON" -m benchmarks.cuda_ab build --jobs 8 ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} \
   > "$DIR/cuda_ab_build.log" 2>&1 &
 ab_build=$!
 # The tests get at most 4 minutes, leaving the sweep and the suites theirs.
-DEADLINE_S=$(( $(left) < 240 ? $(left) : 240 )) PHASES=tests PYTEST_WORKERS=8 \
-  PYTEST_K="${PYTEST_K:-cuda or sass}" step tests bash scripts/gpu_check.sh "$DIR/check_tests"
+t=$(( $(left) < 240 ? $(left) : 240 ))
+step tests "$t" env DEADLINE_S="$t" PHASES=tests PYTEST_WORKERS=8 \
+  PYTEST_K="${PYTEST_K:-cuda or sass}" bash scripts/gpu_check.sh "$DIR/check_tests"
 wait $ab_build
 log "cuda_ab build: exit $? ($(tail -n 1 "$DIR/cuda_ab_build.log"))"
 
 # 4. The sweep (builds nothing when step 2 finished).
 # shellcheck disable=SC2086  # AB_ARGS is a list of options
-step cuda_ab "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
+step cuda_ab "$(left)" "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
   ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} ${AB_ARGS:-}
 
 # 5. The static figures of this build (cuobjdump; seconds).
-step sass_figures "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sass"
+step sass_figures "$(left)" "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sass"
 
 # 6. Saved default suites, while time is left (--save takes no --stop-after: a suite cut by
 # the deadline writes nothing; it runs only with 90 s or more left).
 if [[ -n "$BENCH_SUITES" && $(left) -ge 90 ]]; then
-  step bench "$PYTHON" -m benchmarks --device cuda --save --suites "$BENCH_SUITES"
+  step bench "$(left)" "$PYTHON" -m benchmarks --device cuda --save --suites "$BENCH_SUITES"
   slug=$("$PYTHON" -c 'import torch; from benchmarks.stamp import device_name, slug; print(slug(device_name(torch.device("cuda"))))')
   mkdir -p "$DIR/results" && cp -r "benchmarks/results/$slug" "$DIR/results/" 2>/dev/null
 fi
