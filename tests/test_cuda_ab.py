@@ -124,3 +124,47 @@ def test_two_variants_compile_and_load_side_by_side(tmp_path):
               for m in modules]
     assert counts[0] and counts[0].keys() == counts[1].keys()
     assert counts[0] != counts[1], "the edit did not reach the compiled kernels"
+
+
+class CpuNorm:
+    """A stand-in for a variant's module on the CPU: fusednorm's CPU backend ops into the
+    sweep's preallocated outputs (off by `shift`, to play a wrong variant)."""
+
+    def __init__(self, shift=0.0):
+        self.shift = shift
+
+    def fwd(self, centered, x, residual, w, b, eps, y, s, mean, rstd):
+        out, _, m, r = torch.ops.fusednorm.norm_fwd(x, residual, w, b, eps, centered)
+        y.copy_(out + self.shift)
+        rstd.copy_(r)
+        if mean is not None:
+            mean.copy_(m)
+
+    def bwd(self, centered, dy, grad_sum, x, mean, rstd, w, dx, dw, db):
+        stats = mean if mean is not None else torch.empty(0, dtype=rstd.dtype)
+        gx, gw, gb = torch.ops.fusednorm.norm_bwd(dy, grad_sum, x, stats, rstd, w, db, centered)
+        dx.copy_(gx + self.shift)
+        dw.copy_(gw)
+        if db is not None:
+            db.copy_(gb)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_run_case_on_cpu_stand_ins(kind, pass_):
+    """run_case end to end on the CPU: inputs, the reference check (a variant off by 0.1 is
+    flagged, base passes), the copy and the rows."""
+    import time
+
+    def timer(fn):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    case = sweep.Case("q", Unit(kind, pass_, "f32"), M=96, N=1000)
+    rows = sweep.run_case(case, {sweep.BASE: CpuNorm(), "q__off": CpuNorm(0.1)}, rounds=2,
+                          device="cpu", timer=timer)
+    by = {r["provider"]: r for r in rows}
+    assert set(by) == {sweep.BASE, "q__off", sweep.COPY}
+    assert by[sweep.BASE]["ok"] and not by["q__off"]["ok"]
+    assert all(r["ms"] > 0 and r["pct_of_copy"] > 0 for r in rows)
