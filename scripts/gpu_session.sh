@@ -11,7 +11,7 @@
 #   4. the A/B sweep (python -m benchmarks.cuda_ab run): each variant against base and the copy;
 #   5. the SASS figures of this build (python -m benchmarks.sass_figures);
 #   6. default benchmark suites with --save (BENCH_SUITES, default layer_norm,rms_norm), the
-#      files they wrote into benchmarks/results/<device>/ copied into the archive.
+#      files they wrote under benchmarks/results/ copied into the archive (results/).
 #
 #   bash scripts/gpu_session.sh     results in gpu_session_results/session/, packed into
 #                                   $OUT/gpu_session.tar.gz (no $OUT: beside the folder)
@@ -78,8 +78,9 @@ step sass_figures "$(left)" "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sas
 # the deadline writes nothing; it runs only with 90 s or more left).
 if [[ -n "$BENCH_SUITES" && $(left) -ge 90 ]]; then
   step bench "$(left)" "$PYTHON" -m benchmarks --device cuda --save --suites "$BENCH_SUITES"
-  slug=$("$PYTHON" -c 'import torch; from benchmarks.stamp import device_name, slug; print(slug(device_name(torch.device("cuda"))))')
-  mkdir -p "$DIR/results" && cp -r "benchmarks/results/$slug" "$DIR/results/" 2>/dev/null
+  # The files the suites rewrote or added under benchmarks/results/, as they lie there.
+  git status --porcelain --untracked-files=all -- benchmarks/results | cut -c4- |
+    while read -r f; do mkdir -p "$DIR/results/$(dirname "$f")" && cp "$f" "$DIR/results/$f"; done
 fi
 log "done"
 # The device tool's reply carries the end of the output: the steps, the tests, the sweep.

@@ -161,11 +161,12 @@ def cuda_timer(min_ms: float = 1.0) -> Callable[[Callable[[], object]], float]:
 
 
 def tensors(case: Case, M: int, device: str, seed: int = 0) -> dict:
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)  # drawn where they are used
     dtype = DTYPE[case.unit.tag]
 
     def rand(*shape, shift=0.5):
-        return (torch.randn(*shape, generator=g, dtype=torch.float32) + shift).to(device, dtype)
+        return (torch.randn(*shape, generator=g, dtype=torch.float32, device=device)
+                + shift).to(dtype)
 
     centered = case.unit.kind == "layer_norm"
     acc = torch.float64 if dtype == torch.float64 else torch.float32
