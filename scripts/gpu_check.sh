@@ -64,12 +64,11 @@ wants() { [[ " $PHASES " == *" $1 "* ]]; }
 # SOURCE_COMMIT=<sha> SOURCE_TREE=<git rev-parse sha^{tree}> stamps sha when the files here
 # make that very tree (git write-tree over the working files; build outputs are ignored).
 if [[ -n "${SOURCE_COMMIT:-}" ]]; then
-  tree=$(git add -A . >/dev/null 2>&1 && git write-tree 2>/dev/null)
-  if [[ -n "$tree" && "$tree" == "${SOURCE_TREE:-}" ]]; then
-    export FUSEDNORM_COMMIT=$SOURCE_COMMIT
-    log "sources are commit $SOURCE_COMMIT (tree $tree)"
+  if commit=$(bash scripts/source_commit.sh); then
+    export FUSEDNORM_COMMIT=$commit
+    log "sources are commit $commit (tree $SOURCE_TREE)"
   else
-    log "files here make tree ${tree:-unknown}, not SOURCE_TREE=${SOURCE_TREE:-unset}: stamping git's own view"
+    log "stamping git's own view"
   fi
 fi
 

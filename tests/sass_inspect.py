@@ -100,9 +100,11 @@ def read_kernels(library: str, cuobjdump: str) -> dict[tuple[str, str], Kernel]:
 # norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED> (CENTERED: LayerNorm;
 # not: RMSNorm).
 _ELEMENT = {"N3c104HalfE": "float16", "N3c108BFloat16E": "bfloat16", "f": "float32", "d": "float64"}
+# The parameter type P follows T: "f" (float beside a 16-bit T), or T again (a "d", an "f", or
+# a substitution "S<n>_" of T's name).
 _ROW_KERNEL = re.compile(
-    r"\dnorm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d).*?Li(\d+)ELi(\d+)ELi(\d+)E"
-    r"(?:Lb([01])E)?(?:Lb([01])E)?E"
+    r"\dnorm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d)(S[0-9A-Z]*_|f|d)?.*?"
+    r"Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?E"
 )
 
 
@@ -115,6 +117,7 @@ class RowKernel:
     items: int
     cluster: bool = False  # the thread-block-cluster instantiation (long rows, sm_90+)
     centered: bool = True  # LayerNorm; False: RMSNorm
+    param: str = ""  # dtype of weight/bias: x's, or "float32" beside a 16-bit x
 
     @property
     def block(self) -> int:
@@ -130,9 +133,10 @@ def row_kernel(name: str) -> RowKernel | None:
     m = _ROW_KERNEL.search(name)
     if m is None:
         return None
-    direction, element, vec, tpr, items, cluster, centered = m.groups()
-    return RowKernel(direction, _ELEMENT[element], int(vec), int(tpr), int(items), cluster == "1",
-                     centered != "0")
+    direction, element, param, vec, tpr, items, cluster, centered = m.groups()
+    dtype = _ELEMENT[element]
+    return RowKernel(direction, dtype, int(vec), int(tpr), int(items), cluster == "1",
+                     centered != "0", _ELEMENT.get(param, dtype))
 
 
 # Launch block sizes of the other kernels (csrc/cuda/norm_config.cuh, and the constants next to

@@ -127,3 +127,36 @@ def test_sass_registers_fit_rule():
     assert registers_fit(64, 1024) and not registers_fit(65, 1024)
     assert registers_fit(128, 512) and not registers_fit(129, 512)
     assert registers_fit(255, 256) and not registers_fit(256, 32)
+
+
+# The (input, parameter) dtype pairs of FUSEDNORM_CUDA_NORM_DTYPES (csrc/cuda/norm_launch.h).
+DTYPE_PAIRS = {("float32", "float32"), ("float64", "float64"), ("float16", "float16"),
+               ("float16", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32")}
+
+
+def test_sass_figures_cover_every_bucket(tmp_path):
+    """benchmarks.sass_figures on the library the tests import: one row per norm row kernel
+    (every bucket of both passes, both kinds, every dtype pair, both layouts), each with a
+    positive instruction count, written as JSON and Markdown with its definition."""
+    import json
+
+    from benchmarks import sass_figures
+
+    rows = sass_figures.figures(kernels())
+    got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["param_dtype"],
+            r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
+    want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.param, rk.vec, rk.tpr, rk.items,
+             rk.cluster) for k, rk in row_kernels()}
+    assert got == want and len(rows) == len(want)
+    for arch in {r["arch"] for r in rows}:
+        paths = {(r["pass"], r["kind"], r["dtype"], r["param_dtype"], r["layout"])
+                 for r in rows if r["arch"] == arch}
+        missing = {(p, kind, t, q, layout) for p in ("fwd", "bwd")
+                   for kind in ("layer_norm", "rms_norm") for t, q in DTYPE_PAIRS
+                   for layout in ("pack", "scalar")} - paths
+        assert not missing, f"{arch}: no figures for {sorted(missing)}"
+    assert all(r["instructions"] > 0 and r["instr_per_elem"] > 0 for r in rows)
+    sass_figures.write(sass_figures.result_of(rows), tmp_path)
+    written = json.loads((tmp_path / "sass_figures.json").read_text())
+    assert written["rows"] == rows and "ITEMS x VEC" in written["definition"]
+    assert (tmp_path / "sass_figures.md").read_text().count("\n| sm_") == len(rows)

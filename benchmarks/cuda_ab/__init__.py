@@ -1,0 +1,1 @@
+"""CUDA A/B: variants of the norm-family kernels compiled side by side and timed in turns."""

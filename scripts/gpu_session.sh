@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The one device call of a lent GPU (issue 41: 15 minutes of device time, machine start
+# included): about 9 minutes of work, results packed into ONE archive (the device tool brings
+# back few files, two folders deep). docs/gpu_runs/README.md says how to call it.
+#
+#   1. build fusednorm for the visible GPU (scripts/gpu_check.sh's build phase, ~2 min);
+#   2. the A/B variants' build (python -m benchmarks.cuda_ab build, CPU only) in the
+#      background, beside
+#   3. the CUDA and SASS tests (gpu_check.sh's test phase, -k "cuda or sass": the fuzz,
+#      tests/test_fuzz.py, included);
+#   4. the A/B sweep (python -m benchmarks.cuda_ab run): each variant against base and the copy;
+#   5. the SASS figures of this build (python -m benchmarks.sass_figures);
+#   6. default benchmark suites with --save (BENCH_SUITES, default layer_norm,rms_norm), the
+#      files they wrote under benchmarks/results/ copied into the archive (results/).
+#
+#   bash scripts/gpu_session.sh     results in gpu_session_results/session/, packed into
+#                                   $OUT/gpu_session.tar.gz (no $OUT: beside the folder)
+#   DEADLINE_S=540          seconds in all (default 540); each step runs under the time left
+#   AB_QUESTIONS=a,b        questions of the sweep (default: all, benchmarks/cuda_ab/variants.py)
+#   AB_ARGS="--n 4096,16384 --rounds 5"   more options for the sweep
+#   BENCH_SUITES=layer_norm   the suites saved (empty: none)
+#   SOURCE_COMMIT, SOURCE_TREE   stamp results with that commit when the files make that tree
+#                           (scripts/source_commit.sh)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# The results folder sits in the tree (ignored); only the archive goes to $OUT.
+DIR=$PWD/gpu_session_results/session
+ARCHIVE=${OUT:-$PWD/gpu_session_results}/gpu_session.tar.gz
+rm -rf "$DIR" && mkdir -p "$DIR" "$(dirname "$ARCHIVE")"
+PYTHON=${PYTHON:-python3}
+export DEADLINE_S=${DEADLINE_S:-540}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH="$CUDA_HOME/bin:$PATH"
+BENCH_SUITES=${BENCH_SUITES-layer_norm,rms_norm}
+trap 'tar czf "$ARCHIVE" -C "$(dirname "$DIR")" session && echo "packed $ARCHIVE"' EXIT
+
+log() { echo "[gpu_session $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$DIR/session.log"; }
+left() { local l=$((DEADLINE_S - SECONDS)); ((l < 5)) && l=5; echo $l; }
+step() {  # name, seconds, command...: runs it under that limit, logs to <name>.log
+  local name=$1 limit=$2 start=$SECONDS code
+  shift 2
+  timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
+  code=$?
+  log "$name: exit $code in $((SECONDS - start)) s"
+  return $code
+}
+
+if [[ -n "${SOURCE_COMMIT:-}" ]] && commit=$(bash scripts/source_commit.sh); then
+  export FUSEDNORM_COMMIT=$commit
+fi
+log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
+
+# 1. Build (gpu_check.sh: the system's compilers first, the error-path check, build_info).
+t=$(left)
+step build "$t" env DEADLINE_S="$t" PHASES=build bash scripts/gpu_check.sh "$DIR/check_build" ||
+  { log "build failed: stopping"; exit 1; }
+
+# 2 + 3. The variants compile (a job per source, at most 8 a variant) while the tests run.
+timeout "$(left)" "$PYTHON" -m benchmarks.cuda_ab build --jobs 8 ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} \
+  > "$DIR/cuda_ab_build.log" 2>&1 &
+ab_build=$!
+# The tests get at most 4 minutes, leaving the sweep and the suites theirs.
+t=$(( $(left) < 240 ? $(left) : 240 ))
+step tests "$t" env DEADLINE_S="$t" PHASES=tests PYTEST_WORKERS=8 \
+  PYTEST_K="${PYTEST_K:-cuda or sass}" bash scripts/gpu_check.sh "$DIR/check_tests"
+wait $ab_build
+log "cuda_ab build: exit $? ($(tail -n 1 "$DIR/cuda_ab_build.log"))"
+
+# 4. The sweep (builds nothing when step 2 finished).
+# shellcheck disable=SC2086  # AB_ARGS is a list of options
+step cuda_ab "$(left)" "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
+  ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} ${AB_ARGS:-}
+
+# 5. The static figures of this build (cuobjdump; seconds).
+step sass_figures "$(left)" "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sass"
+
+# 6. Saved default suites, while time is left (--save takes no --stop-after: a suite cut by
+# the deadline writes nothing; it runs only with 90 s or more left).
+if [[ -n "$BENCH_SUITES" && $(left) -ge 90 ]]; then
+  step bench "$(left)" "$PYTHON" -m benchmarks --device cuda --save --suites "$BENCH_SUITES"
+  # The files the suites rewrote or added under benchmarks/results/, as they lie there.
+  git status --porcelain --untracked-files=all -- benchmarks/results | cut -c4- |
+    while read -r f; do mkdir -p "$DIR/results/$(dirname "$f")" && cp "$f" "$DIR/results/$f"; done
+fi
+log "done"
+# The device tool's reply carries the end of the output: the steps, the tests, the sweep.
+cat "$DIR/session.log" "$DIR/check_tests/summary.md" 2>/dev/null
+tail -n 60 "$DIR/cuda_ab/cuda_ab.md" 2>/dev/null

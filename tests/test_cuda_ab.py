@@ -1,0 +1,170 @@
+"""benchmarks.cuda_ab without a GPU: every prepared variant's edits still apply to csrc/, the
+sweep's cases, turns, ratios and table, and (with nvcc) two variants of one unit compile into
+modules of their own that load side by side and register their entries."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.cuda_ab import build, sweep
+from benchmarks.cuda_ab.variants import CONFIG, QUESTIONS, Edit, Unit, apply_edits
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def csrc_files():
+    root = REPO / "csrc"
+    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*.cuh")} | {
+        str(p.relative_to(root)): p.read_text() for p in root.rglob("*.h")}
+
+
+def test_prepared_questions_apply_and_change_the_source():
+    files = csrc_files()
+    assert len(QUESTIONS) >= 3
+    for q in QUESTIONS.values():
+        assert q.variants and q.units and q.why
+        for name, edits in q.variants.items():
+            edited = apply_edits(files, edits)
+            assert edited != files, f"{q.name}.{name} changes nothing"
+
+
+def test_an_edit_whose_text_moved_is_refused():
+    files = {CONFIG: "a b a"}
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        apply_edits(files, (Edit(CONFIG, "a", "c"),))
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        apply_edits(files, (Edit(CONFIG, "z", "c"),))
+
+
+def test_instance_files_name_one_tag():
+    tags = build.input_tags()
+    assert {"f32", "f64", "f16", "bf16"} <= set(tags)
+    text = build.instance_text(Unit("rms_norm", "bwd", "bf16"), tags)
+    assert "#define FUSEDNORM_NORM_CENTERED false" in text
+    assert "#define FUSEDNORM_NORM_ONLY_bf16(...) __VA_ARGS__" in text
+    assert "#define FUSEDNORM_NORM_ONLY_f32(...)\n" in text
+    with pytest.raises(ValueError):
+        build.instance_text(Unit("rms_norm", "bwd", "int8"), tags)
+
+
+def test_plan_cases_turns_rows_and_table():
+    questions = list(QUESTIONS.values())
+    plan = sweep.build_plan(questions)
+    assert sweep.BASE in plan and len(plan) == 1 + sum(len(q.variants) for q in questions)
+    base_units = set(plan[sweep.BASE][1])
+    for q in questions:  # the base runs every unit, and the forward of every backward unit
+        assert set(q.units) <= base_units
+        assert {Unit(u.kind, "fwd", u.tag) for u in q.units} <= base_units
+    cases = sweep.cases(questions, ns=(1024, 65536), elements=1 << 20, tags={"bf16"})
+    assert cases and all(c.unit.tag == "bf16" and c.M * c.N == 1 << 20 for c in cases)
+    case = cases[0]
+
+    # Turns: every provider once a round, the order rotated.
+    order = []
+    fake_ms = {sweep.BASE: 2.0, "q__v": 1.0, sweep.COPY: 1.6}
+    providers = {n: (lambda n=n: order.append(n)) for n in fake_ms}
+
+    def timer(fn):
+        fn()
+        return fake_ms[order[-1]]
+
+    samples = sweep.time_in_turns(providers, 3, timer)
+    assert order[:3] != order[3:6] and all(len(s) == 3 for s in samples.values())
+    rows = sweep.rows_for(case, samples, {"q__v": False})
+    by = {r["provider"]: r for r in rows}
+    assert by["q__v"]["x_base"] == pytest.approx(2.0)
+    assert by[sweep.BASE]["pct_of_copy"] == pytest.approx(80.0)
+    assert by["q__v"]["ok"] is False and by[sweep.BASE]["ok"] is True
+    assert by[sweep.COPY]["gbps"] == pytest.approx(sweep.pass_bytes(case) / 1.6 / 1e6)
+    table = sweep.markdown(rows)
+    assert "160.0% (2.000x) !" in table and f"### {case.question}" in table
+
+    # The real timer's arithmetic on the CPU clock: a median of positive times.
+    median, p20, p80 = sweep.quantiles([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert (median, p20 <= median <= p80) == (3.0, True)
+
+
+def _nvcc_unavailable() -> str | None:
+    if not torch.version.cuda:
+        return "torch was built without CUDA"
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if not (Path(home) / "bin" / "nvcc").exists() and shutil.which("nvcc") is None:
+        return "nvcc not found (CUDA_HOME)"
+    return None
+
+
+@pytest.mark.skipif(_nvcc_unavailable() is not None, reason=str(_nvcc_unavailable()))
+def test_two_variants_compile_and_load_side_by_side(tmp_path):
+    """One unit (LayerNorm forward, float32) as base and with two Welford lanes: both compile
+    with nvcc and load in one process, each with its own entries, and the variant's machine
+    code differs from base's (the edit reached the kernels)."""
+    unit = (Unit("layer_norm", "fwd", "f32"),)
+    lanes = QUESTIONS["welford_lanes"].variants["lanes_2"]
+    plan = {sweep.BASE: ((), unit), "lanes_2": (lanes, unit)}
+    build.build_all(plan, tmp_path, jobs=2)
+    modules = [build.import_built(v, tmp_path) for v in plan]
+    assert modules[0] is not modules[1]
+    for m in modules:
+        assert sorted(m.entries()) == ["fwd layer_norm Float Float"]
+    edited = (tmp_path / "lanes_2" / "csrc" / CONFIG).read_text()
+    assert "VEC < 2 ? VEC : 2" in edited
+    assert "VEC < 4 ? VEC : 4" in (tmp_path / sweep.BASE / "csrc" / CONFIG).read_text()
+
+    from sass_inspect import find_tool, read_kernels
+    from benchmarks.sass_figures import figures
+
+    if find_tool("cuobjdump") is None:
+        return
+    counts = [{(r["vec"], r["tpr"], r["items"], r["cluster"]): r["instructions"]
+               for r in figures(read_kernels(m.__file__, find_tool("cuobjdump")))}
+              for m in modules]
+    assert counts[0] and counts[0].keys() == counts[1].keys()
+    assert counts[0] != counts[1], "the edit did not reach the compiled kernels"
+
+
+class CpuNorm:
+    """A stand-in for a variant's module on the CPU: fusednorm's CPU backend ops into the
+    sweep's preallocated outputs (off by `shift`, to play a wrong variant)."""
+
+    def __init__(self, shift=0.0):
+        self.shift = shift
+
+    def fwd(self, centered, x, residual, w, b, eps, y, s, mean, rstd):
+        out, _, m, r = torch.ops.fusednorm.norm_fwd(x, residual, w, b, eps, centered)
+        y.copy_(out + self.shift)
+        rstd.copy_(r)
+        if mean is not None:
+            mean.copy_(m)
+
+    def bwd(self, centered, dy, grad_sum, x, mean, rstd, w, dx, dw, db):
+        stats = mean if mean is not None else torch.empty(0, dtype=rstd.dtype)
+        gx, gw, gb = torch.ops.fusednorm.norm_bwd(dy, grad_sum, x, stats, rstd, w, db, centered)
+        dx.copy_(gx + self.shift)
+        dw.copy_(gw)
+        if db is not None:
+            db.copy_(gb)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_run_case_on_cpu_stand_ins(kind, pass_):
+    """run_case end to end on the CPU: inputs, the reference check (a variant off by 0.1 is
+    flagged, base passes), the copy and the rows."""
+    import time
+
+    def timer(fn):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    case = sweep.Case("q", Unit(kind, pass_, "f32"), M=96, N=1000)
+    rows = sweep.run_case(case, {sweep.BASE: CpuNorm(), "q__off": CpuNorm(0.1)}, rounds=2,
+                          device="cpu", timer=timer)
+    by = {r["provider"]: r for r in rows}
+    assert set(by) == {sweep.BASE, "q__off", sweep.COPY}
+    assert by[sweep.BASE]["ok"] and not by["q__off"]["ok"]
+    assert all(r["ms"] > 0 and r["pct_of_copy"] > 0 for r in rows)
