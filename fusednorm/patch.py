@@ -109,7 +109,8 @@ def _code_differs(cls: type, name: str) -> Optional[str]:
     judged = f"the {library} {VERSIONS[library]} class fusednorm checked"
     live = fingerprint(cls)
     if live is None:
-        return f"its source is unavailable (inspect.getsource) to compare with {judged}; not swapped"
+        return (f"its source is unavailable (inspect.getsource) to compare with {judged}; "
+                "not swapped")
     if live != SWAPPED[name][1] or not methods_from_source(cls):
         return f"its code differs from {judged}; not swapped"
     return None
