@@ -5,7 +5,9 @@ the class's full name (so that timm, transformers, ... need not be imported to l
 Each entry was checked by reading the class's forward: it must compute exactly what the
 target's forward computes over the same attributes. transformers' and timm's entries come
 from scripts/norm_survey.py, which keeps the verdict for every norm class of those
-libraries (docs/models.md); supporting another class is a verdict there.
+libraries (docs/models.md); supporting another class is a verdict there. Such a class is
+swapped only while its live code has the fingerprint recorded for it (another version's
+class of the same name may compute differently).
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from typing import Callable, Optional
 from torch import nn
 
 from . import swap_targets
+from ._fingerprint import fingerprint, methods_from_source
 from .errors import FusedTypeError
 from .layer_norm_2d import FusedLayerNorm2d
-from .library_classes import SWAPPED
+from .library_classes import SWAPPED, VERSIONS
 from .modules import FusedHFRMSNorm, FusedLayerNorm, FusedRMSNorm
 
 logger = logging.getLogger("fusednorm")
@@ -96,8 +99,21 @@ SWAPS: dict[str, Swap] = {
     # torch: F.rms_norm(x, normalized_shape, weight, eps).
     "torch.nn.modules.normalization.RMSNorm": Swap("rms_norm", FusedRMSNorm),
     # transformers' and timm's: surveyed by scripts/norm_survey.py (docs/models.md).
-    **{name: TARGETS[target] for name, target in SWAPPED.items()},
+    **{name: TARGETS[target] for name, (target, _) in SWAPPED.items()},
 }
+
+
+def _code_differs(cls: type, name: str) -> Optional[str]:
+    """Why a class of SWAPPED is kept: its live code is not the code that was judged."""
+    library = name.split(".", 1)[0]
+    judged = f"the {library} {VERSIONS[library]} class fusednorm checked"
+    live = fingerprint(cls)
+    if live is None:
+        return (f"its source is unavailable (inspect.getsource) to compare with {judged}; "
+                "not swapped")
+    if live != SWAPPED[name][1] or not methods_from_source(cls):
+        return f"its code differs from {judged}; not swapped"
+    return None
 
 
 def class_name(cls: type) -> str:
@@ -158,13 +174,16 @@ def _plan(model: nn.Module, families: Optional[tuple[str, ...]]) -> NormReport:
     table = {k: s for k, s in SWAPS.items() if families is None or s.family in families}
     fused = tuple({s.target for s in SWAPS.values()})
     entries = []
+    differs: dict[type, Optional[str]] = {}  # per class, once per plan
     for name, module in model.named_modules():
         cls = class_name(type(module))
         swap = table.get(cls)
         if isinstance(module, fused):
             entries.append(NormEntry(name, cls, "fused", ""))
         elif swap is not None:
-            reason = swap.keep_if(module)
+            if cls in SWAPPED and type(module) not in differs:
+                differs[type(module)] = _code_differs(type(module), cls)
+            reason = differs.get(type(module)) or swap.keep_if(module)
             entries.append(NormEntry(name, cls, "keep", reason) if reason
                            else NormEntry(name, cls, "swap", swap.target.__name__))
         elif _is_norm(module):

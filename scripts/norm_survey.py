@@ -17,16 +17,17 @@ Act2dFp32, Tlu2d: timm's norm + activation layers), Exp2d or an EvoNorm variant 
 
 Each class is judged by its computation: the source of its methods other than __init__,
 extra_repr and _load_from_state_dict, with docstrings and annotations removed and its own
-name replaced, and its base classes. VERDICTS gives the verdict for each such text (by its
-SHA-1), written after reading it: the fusednorm class that computes the same, or why none
-does. A class whose text has no verdict (a new class, or one whose forward changed) makes
-the check fail until someone reads it and adds one.
+name replaced, and its base classes (fusednorm._fingerprint). VERDICTS gives the verdict
+for each such text (by its SHA-1), written after reading it: the fusednorm class that
+computes the same, or why none does. A class whose text has no verdict (a new class, or one
+whose forward changed) makes the check fail until someone reads it and adds one.
+library_classes.SWAPPED records each swapped class's SHA-1: fusednorm.patch keeps a class
+whose live code has another.
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import importlib.metadata
 import importlib.util
 import pathlib
@@ -35,6 +36,9 @@ import sys
 from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from fusednorm._fingerprint import computation_text, digest  # noqa: E402
+
 TABLE = ROOT / "docs" / "models.md"  # its survey block, between BEGIN and END
 BEGIN = "<!-- survey:begin (written by python scripts/norm_survey.py --write; do not edit) -->"
 END = "<!-- survey:end -->"
@@ -44,7 +48,6 @@ LIBRARIES = {"transformers": ("models",), "timm": ("layers", "models")}
 NAME = re.compile(r"(Norm|Layernorm)(1|[123]d)?"
                   r"(Fp32|NoBias|Gated|1P|PerHead|Zero|Act|Act2d|ActFp32|Act2dFp32|Tlu2d|Exp2d"
                   r"|B\d|S\da?)?$")
-SKIPPED_METHODS = {"__init__", "extra_repr", "_load_from_state_dict"}
 
 _BLOCK = ("it is a block around a norm submodule (conv/linear + norm, an encoder stack, ...), "
           "not a norm; its norm submodules are judged by their own classes")
@@ -216,34 +219,8 @@ VERDICTS: dict[str, str] = {
 class NormClass:
     library: str
     name: str  # 'module.QualName', the key of fusednorm.patch.SWAPS
-    digest: str  # sha1 of the computation's text (12 hex digits)
+    digest: str  # fusednorm._fingerprint.digest of the computation's text
     text: str
-
-
-class _Strip(ast.NodeTransformer):
-    """Removes what does not compute: annotations and docstrings."""
-
-    def visit_arg(self, node: ast.arg) -> ast.arg:
-        node.annotation = None
-        return node
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
-        node.returns = None
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-        self.generic_visit(node)
-        return node
-
-
-def computation_text(node: ast.ClassDef) -> str:
-    """Base classes and the computing methods of a class, as normalized source."""
-    methods = [_Strip().visit(m) for m in node.body
-               if isinstance(m, ast.FunctionDef) and m.name not in SKIPPED_METHODS]
-    source = ast.unparse(ast.Module(body=methods, type_ignores=[]))
-    bases = ", ".join(ast.unparse(b) for b in node.bases)
-    return f"({bases})\n" + source.replace(node.name, "CLS")
 
 
 def library_root(library: str) -> pathlib.Path | None:
@@ -263,8 +240,7 @@ def norm_classes(library: str) -> list[NormClass]:
             for node in ast.parse(path.read_text(encoding="utf-8")).body:
                 if isinstance(node, ast.ClassDef) and NAME.search(node.name):
                     text = computation_text(node)
-                    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
-                    found.append(NormClass(library, f"{module}.{node.name}", digest, text))
+                    found.append(NormClass(library, f"{module}.{node.name}", digest(text), text))
     return sorted(found, key=lambda c: c.name)
 
 
@@ -329,12 +305,14 @@ def render_classes(versions: dict[str, str], classes: dict[str, list[NormClass]]
         "VERSIONS: dict[str, str] = {"
         + ", ".join(f'"{lib}": "{v}"' for lib, v in versions.items()) + "}",
         "",
-        "SWAPPED: dict[str, str] = {",
+        "# 'module.QualName' -> (the fusednorm class it becomes, the fingerprint of the class",
+        "# judged: fusednorm._fingerprint). A class whose code has another fingerprint is kept.",
+        "SWAPPED: dict[str, tuple[str, str]] = {",
     ]
     for found in classes.values():
         for c in found:
             if is_swap(VERDICTS[c.digest]):
-                lines.append(f'    "{c.name}": "{VERDICTS[c.digest]}",')
+                lines.append(f'    "{c.name}": ("{VERDICTS[c.digest]}", "{c.digest}"),')
     lines += ["}", ""]
     return "\n".join(lines)
 

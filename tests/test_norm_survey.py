@@ -52,7 +52,7 @@ def test_every_swap_verdict_is_a_target_and_every_target_is_used():
     swaps = {v for v in norm_survey.VERDICTS.values() if norm_survey.is_swap(v)}
     assert swaps <= set(patch.TARGETS), swaps - set(patch.TARGETS)
     assert set(patch.TARGETS) <= swaps, set(patch.TARGETS) - swaps
-    for name, target in fusednorm.library_classes.SWAPPED.items():
+    for name, (target, _) in fusednorm.library_classes.SWAPPED.items():
         assert patch.SWAPS[name] is patch.TARGETS[target]
 
 

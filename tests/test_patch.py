@@ -171,3 +171,54 @@ def test_replace_layernorm_leaves_rms_norm_to_replace_norms():
     assert type(model[0]) is nn.RMSNorm and type(model[1]) is fusednorm.FusedLayerNorm
     entry = fusednorm.norm_report(model).entries[0]  # what replace_norms would do
     assert (entry.action, entry.detail) == ("swap", "FusedRMSNorm")
+
+
+def _llama_rms_norm():
+    modeling = pytest.importorskip("transformers.models.llama.modeling_llama")
+    return modeling.LlamaRMSNorm
+
+
+def test_library_class_is_swapped_while_its_code_is_the_one_checked():
+    model = nn.Sequential(_llama_rms_norm()(8))
+    fusednorm.replace_norms(model)
+    assert type(model[0]) is fusednorm.FusedHFRMSNorm
+
+
+def _assert_kept_as_changed(model, caplog):
+    cls = type(model[0])
+    with caplog.at_level(logging.INFO, logger="fusednorm"), pytest.warns(UserWarning) as record:
+        fusednorm.replace_norms(model)
+    assert type(model[0]) is cls
+    reason = "its code differs from the transformers "
+    entry, = fusednorm.norm_report(model).entries
+    assert (entry.action, entry.cls) == ("keep", patch.class_name(cls))
+    assert entry.detail.startswith(reason) and entry.detail.endswith("checked; not swapped")
+    assert any(reason in str(w.message) for w in record) and reason in caplog.text
+
+
+def test_same_name_other_forward_is_kept(caplog):
+    """A class of another library version (here a subclass given the recorded class's
+    qualified name) whose forward differs is kept, and the report says why."""
+    original = _llama_rms_norm()
+
+    class Changed(original):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) * 2
+
+    Changed.__module__, Changed.__qualname__ = original.__module__, original.__qualname__
+    _assert_kept_as_changed(nn.Sequential(Changed(8)), caplog)
+
+
+def test_patched_forward_is_kept(monkeypatch, caplog):
+    original = _llama_rms_norm()
+    forward = original.forward
+    monkeypatch.setattr(original, "forward", lambda self, x: forward(self, x) * 2)
+    _assert_kept_as_changed(nn.Sequential(original(8)), caplog)
+
+
+def test_recorded_fingerprint_is_compared(monkeypatch, caplog):
+    """The source's fingerprint is compared with the recorded one (here made different)."""
+    original = _llama_rms_norm()
+    name = patch.class_name(original)
+    monkeypatch.setitem(patch.SWAPPED, name, (patch.SWAPPED[name][0], "0" * 12))
+    _assert_kept_as_changed(nn.Sequential(original(8)), caplog)
