@@ -10,7 +10,7 @@
 #      tests/test_fuzz.py, included);
 #   4. the A/B sweep (python -m benchmarks.cuda_ab run): each variant against base and the copy;
 #   5. the SASS figures of this build (python -m benchmarks.sass_figures);
-#   6. default benchmark suites with --save (BENCH_SUITES, default layer_norm,rms_norm), the
+#   6. default benchmark suites with --save (BENCH_SUITES: the ones still unmeasured), the
 #      files they wrote under benchmarks/results/ copied into the archive (results/).
 #
 #   bash scripts/gpu_session.sh     results in gpu_session_results/session/, packed into
@@ -31,7 +31,7 @@ PYTHON=${PYTHON:-python3}
 export DEADLINE_S=${DEADLINE_S:-540}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$PATH"
-BENCH_SUITES=${BENCH_SUITES-layer_norm,rms_norm}
+BENCH_SUITES=${BENCH_SUITES-rms_norm,add_layer_norm,add_rms_norm,layer_norm}
 trap 'tar czf "$ARCHIVE" -C "$(dirname "$DIR")" session && echo "packed $ARCHIVE"' EXIT
 
 log() { echo "[gpu_session $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$DIR/session.log"; }

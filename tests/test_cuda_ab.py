@@ -103,7 +103,8 @@ def test_two_variants_compile_and_load_side_by_side(tmp_path):
     with nvcc and load in one process, each with its own entries, and the variant's machine
     code differs from base's (the edit reached the kernels)."""
     unit = (Unit("layer_norm", "fwd", "f32"),)
-    lanes = QUESTIONS["welford_lanes"].variants["lanes_2"]
+    lanes = (Edit(CONFIG, "kWelfordLanes = VEC < 4 ? VEC : 4;",
+                  "kWelfordLanes = VEC < 2 ? VEC : 2;"),)
     plan = {sweep.BASE: ((), unit), "lanes_2": (lanes, unit)}
     build.build_all(plan, tmp_path, jobs=2)
     modules = [build.import_built(v, tmp_path) for v in plan]

@@ -99,24 +99,25 @@ def run_cases(binary, lines, timeout=600):
 
 # The largest bucket's row length in elements (chunks are cut beyond it), per pass and
 # path: csrc/cuda/norm_config.cuh's tables (the forward's 8192 packs of 16 bytes or
-# 8192 elements; the backward's 1024 packs for 16-bit inputs, else 2048, or 4096 elements).
-def largest_row(pass_, t, vectorized):
+# 8192 elements; the backward's 2048 packs, 1024 for 16-bit LayerNorm with a grad_sum, or
+# 4096 elements).
+def largest_row(pass_, t, vectorized, ln_grad_sum=False):
     vec = 16 // SIZE[t]
     if pass_ == "fwd":
         return 8192 * vec if vectorized else 8192
     if not vectorized:
         return 4096
-    return (1024 if SIZE[t] == 2 else 2048) * vec
+    return (1024 if ln_grad_sum and SIZE[t] == 2 else 2048) * vec
 
 
-def cluster_cases(pass_, t, p):
+def cluster_cases(pass_, t, p, ln_grad_sum=False):
     """(case line, expected clustered launches): chunked rows of 2 to 8 chunks take one
     clustered launch when clusters are allowed; 9 chunks, or no clusters, the three-launch
     path."""
     vec = 16 // SIZE[t]
     cases = []
     for vectorized in (True, False):
-        big = largest_row(pass_, t, vectorized)
+        big = largest_row(pass_, t, vectorized, ln_grad_sum)
         # Multiples of the pack (the 16-byte path), or odd lengths (the one-element path).
         step = vec if vectorized else 1
         two = 2 * big if vectorized else 2 * big + 1
@@ -257,8 +258,8 @@ def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
     merge kernel recomputes the row's first sum for LayerNorm's shift)."""
     cases = []
     # LayerNorm's 16-bit backward with a grad_sum takes its own table of 16-byte buckets
-    # (BwdVecBucketsGradSum16), of the same capacity: the same chunk counts and launches.
-    base = cluster_cases(pass_, t, p)
+    # (BwdVecBucketsGradSum16), of half the capacity: its rows are cut at other lengths.
+    base = cluster_cases(pass_, t, p, ln_grad_sum=variant == "res")
     for i, (line, clustered) in enumerate(base):
         tokens = line.split()
         tokens[5] = variant_affine(variant, i)

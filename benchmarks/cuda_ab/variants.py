@@ -53,59 +53,56 @@ def _fwd_table(buckets: str) -> Edit:
                 "struct FwdVecBuckets {\n  static constexpr Bucket kList[] = " + buckets + ";")
 
 
+_BWD_TABLE = ("{{32, 1},  {32, 2},  {32, 4}, {64, 4},\n" + " " * 37
+              + "{128, 4}, {256, 4}, {512, 4}};")
+
+
+def _bwd_table(buckets: str) -> Edit:
+    """BwdVecBucketList (every backward of 16-byte packs but 16-bit LayerNorm with a
+    grad_sum) replaced."""
+    return Edit(CONFIG, "struct BwdVecBucketList {\n  static constexpr Bucket kList[] = "
+                + _BWD_TABLE,
+                "struct BwdVecBucketList {\n  static constexpr Bucket kList[] = " + buckets + ";")
+
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
-        "fwd_launch_bounds",
-        "Nsight (2026-11-26, H200): the LayerNorm forward is issue-bound, 64 registers, 38% "
-        "achieved occupancy. Does the 128-register bound (fewer resident threads, room for "
-        "more independent work) or more rows per block (256-thread blocks for rows of < 256 "
-        "threads) issue faster?",
-        _units(["layer_norm"], ["fwd"], ["bf16", "f32"]),
+        "rows_of_12288",
+        "H200, 2026-11-27: the 16-bit LayerNorm forward reaches 80-82% of copy at N <= 8192 "
+        "but 70-75% at N = 12288, where a row (1536 packs) takes the 512 x 4 bucket with a "
+        "quarter of its threads idle; float32 (3072 packs) takes 512 x 8 likewise, and the "
+        "backward's 512 x 4. Do 384-thread buckets (12 warps, an exact fit) close the gap?",
+        _units(["layer_norm"], ["fwd"], ["bf16", "f32"])
+        + _units(["layer_norm", "rms_norm"], ["bwd"], ["bf16"]),
         {
-            "min_threads_512": (Edit(CONFIG, "? 512 : 1024) /", "? 512 : 512) /"),),
-            "block_256": (Edit(CONFIG, "kBlock = TPR >= 128 ? TPR : 128;",
-                               "kBlock = TPR >= 256 ? TPR : 256;"),),
+            "fwd_384": (_fwd_table("{{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}, "
+                                   "{384, 4}, {512, 4}, {384, 8}, {512, 8}, {1024, 8}}"),),
+            "bwd_384": (_bwd_table("{{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}, "
+                                   "{384, 4}, {512, 4}}"),),
         }),
     Question(
-        "fwd_packs_per_thread",
-        "36 instructions per element in the forward: fewer packs per thread spreads a row over "
-        "more threads (shorter per-thread loops, more warps to hide latency); more packs per "
-        "thread amortizes each thread's row reductions over more elements.",
-        _units(["layer_norm", "rms_norm"], ["fwd"], ["bf16"]),
+        "fwd_mid_rows",
+        "H200, 2026-11-27 (fwd_packs_per_thread): 8 packs per thread everywhere gave the "
+        "16-bit LayerNorm forward 1.11x at N = 12288 and 1.03x at 16384 but 0.98x at "
+        "4096-8192. Does 256 x 8 in place of 512 x 4 alone (rows of 1025-2048 packs) keep the "
+        "gain without the loss?",
+        _units(["layer_norm", "rms_norm"], ["fwd"], ["bf16", "f16"]),
         {
-            "two_packs": (_fwd_table("{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, "
-                                     "{512, 2}, {1024, 2}, {1024, 4}, {1024, 8}}"),),
-            "eight_packs": (_fwd_table("{{32, 1}, {32, 2}, {32, 4}, {32, 8}, {64, 8}, "
-                                       "{128, 8}, {256, 8}, {512, 8}, {1024, 8}}"),),
+            "packs_8_from_1025": (_fwd_table("{{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, "
+                                             "{256, 4}, {256, 8}, {512, 8}, {1024, 8}}"),),
         }),
     Question(
-        "welford_lanes",
-        "Independent Welford summaries per thread (4 today): each lane costs its own merge at "
-        "the row's end; 2 lanes halve that work, 8 (one per bf16 element of a pack) shorten "
-        "the dependent chains further.",
-        _units(["layer_norm"], ["fwd"], ["bf16", "f32"]),
+        "f32_fwd_bounds",
+        "H200, 2026-11-27: the float32 forward reaches 85-88% of copy where torch.compile and "
+        "Liger reach 95-96%. The 512-thread bound (128 registers) for every forward gave "
+        "float32 1.036x at N = 1024-2048 (blocks of 128 threads) but 0.74x at 8192 (one "
+        "block of 512). Does it help float32's blocks of 128 threads alone?",
+        _units(["layer_norm", "rms_norm"], ["fwd"], ["f32"]),
         {
-            "lanes_2": (Edit(CONFIG, "kWelfordLanes = VEC < 4 ? VEC : 4;",
-                             "kWelfordLanes = VEC < 2 ? VEC : 2;"),),
-            "lanes_8": (Edit(CONFIG, "kWelfordLanes = VEC < 4 ? VEC : 4;",
-                             "kWelfordLanes = VEC < 8 ? VEC : 8;"),),
-        }),
-    Question(
-        "bwd_long_rows",
-        "The backward falls from 68-91% of copy up to N = 8192 to 43-62% from N = 12288: 16-bit "
-        "rows over 8192 elements leave the largest bucket (256 x 4 packs) for the chunked "
-        "path. Does a 512 x 4 bucket (rows to 16384 in one block) or 2 packs per thread up "
-        "to 1024 threads keep them whole and faster?",
-        _units(["layer_norm", "rms_norm"], ["bwd"], ["bf16"]),
-        {
-            "bucket_512x4": (Edit(
-                CONFIG,
-                "= {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}};",
-                "= {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}, {512, 4}};"),),
-            "bucket_1024x2": (Edit(
-                CONFIG,
-                "= {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}};",
-                "= {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}, {1024, 2}};"),),
+            "small_blocks_512": (Edit(
+                CONFIG, "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024)",
+                "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ||\n"
+                "                     (sizeof(T) == 4 && RowLayout<TPR>::kBlock == 128) ? 512 : 1024)"),),
         }),
 )}
 

@@ -50,13 +50,11 @@ struct FwdScalarBucketsWide {
   static constexpr Bucket kList[] = {{32, 4}, {128, 4}, {256, 8}, {512, 16}};
 };
 // Backward, 16-byte packs. A thread holds x and dy packs and fp32 dweight/dbias sums for
-// its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double), so a
-// row of 8192 elements (4096 doubles) takes about half a multiprocessor's registers; 16-bit
-// inputs stop at 256 threads x 4 packs (about 128 registers a thread, two rows resident).
-struct BwdVecBuckets16 {
-  static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}};
-};
-struct BwdVecBuckets32 {
+// its columns (3 registers per element for 16-bit inputs, 4 for float, 8 for double): up to
+// 512 threads x 4 packs (about 128 registers a thread, one block per multiprocessor), so
+// 16-bit rows to 16384 elements stay whole instead of running chunked in clusters (faster
+// on the H200, docs/perf-notes.md 2026-11-27).
+struct BwdVecBucketList {
   static constexpr Bucket kList[] = {{32, 1},  {32, 2},  {32, 4}, {64, 4},
                                      {128, 4}, {256, 4}, {512, 4}};
 };
@@ -65,7 +63,8 @@ struct BwdScalarBuckets {
 };
 // Backward of 16-bit LayerNorm with a grad_sum (add_layer_norm's), 16-byte packs: at most 2
 // packs per thread (the grad_sum packs beside the dbias sums made the buckets of 4 spill),
-// the same capacity with twice the threads. Inputs of 4 and 8 bytes keep BwdVecBuckets32.
+// so rows over 8192 run chunked (1024 x 2 spills). Inputs of 4 and 8 bytes keep
+// BwdVecBucketList.
 struct BwdVecBucketsGradSum16 {
   static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}};
 };
@@ -79,13 +78,12 @@ template <typename T, typename P>
 using FwdVecTable = std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>;
 template <typename T>
 using FwdScalarTable = std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>;
-// Bigger rows per register file for inputs of 4 and 8 bytes (see the bucket tables).
 template <typename T>
-using BwdVecBuckets = std::conditional_t<sizeof(T) == 2, BwdVecBuckets16, BwdVecBuckets32>;
+using BwdVecBuckets = BwdVecBucketList;
 // LayerNorm with a grad_sum: kernels that add it (kBwdGradSum).
 template <typename T>
 using BwdVecBucketsGradSum =
-    std::conditional_t<sizeof(T) == 2, BwdVecBucketsGradSum16, BwdVecBuckets32>;
+    std::conditional_t<sizeof(T) == 2, BwdVecBucketsGradSum16, BwdVecBucketList>;
 
 // ---------------------------------------------------------------------------------------
 // Rows per block: a block of fewer than 128 threads per row takes 128 / TPR rows side by side.
