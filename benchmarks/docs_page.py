@@ -29,7 +29,7 @@ FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-fresh-memory")
 README_FOLDERS = ("nvidia-h200", "amd-epyc")
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
-OURS, COMPILED = "fusednorm", "torch.compile"
+OURS, COMPILED, LIGER = "fusednorm", "torch.compile", "liger"
 DTYPE_SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 
 METHOD = """\
@@ -179,6 +179,41 @@ def summary_table(suites: dict[str, dict]) -> list[str]:
     return lines
 
 
+def peers_table(suites: dict[str, dict]) -> list[str]:
+    """Markdown lines: per timed suite, fusednorm against the peers timed beside it
+    (torch.compile; Liger where the suite has it: peer ms / fusednorm ms) and against the
+    floor measured in the same run (% of copy; gelu_ffn: % of the GEMM-only time), median
+    (range) over the suite's cases, per pass."""
+    lines = ["| suite | against | forward | backward | forward+backward |",
+             "|---|---|--:|--:|--:|"]
+    for suite in TIMED_SUITES:
+        if suite not in suites:
+            continue
+        result = suites[suite]
+        for peer in (COMPILED, LIGER):
+            per_pass = speedups(result, baseline=peer)
+            if per_pass:
+                cells = [_span(per_pass.get(p, [])) for p in report.PASSES]
+                lines.append(f"| `{suite}` | × {peer} | " + " | ".join(cells) + " |")
+        floor_key, floor_name = (("pct_of_gemm", "% of GEMM-only") if suite == "gelu_ffn"
+                                 else ("pct_of_copy", "% of copy"))
+        floors: dict[str, list[float]] = {}
+        for (pass_name, *_), by in _cases(result, _case_keys(result)).items():
+            value = by.get(OURS, {}).get(floor_key)
+            if value is not None:
+                floors.setdefault(pass_name, []).append(value)
+        if floors:
+            cells = [_pct_span(floors.get(p, [])) for p in report.PASSES]
+            lines.append(f"| `{suite}` | {floor_name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _pct_span(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.median(values):.0f}% ({min(values):.0f}–{max(values):.0f})"
+
+
 def _image(folder: str) -> Path:
     return IMAGES / f"benchmarks-{folder}.png"
 
@@ -195,6 +230,9 @@ def readme_block(data: dict[str, dict[str, dict]]) -> str:
             continue
         first = next(iter(suites.values()))
         lines += ["", f"**{_device_line(first)}**", ""] + summary_table(suites)
+        lines += ["", "Against the peers timed in the same runs (above 1: fusednorm faster) "
+                      "and the floor each run measured (% of copy above 100: rows that partly "
+                      "fit a CPU's cache):", ""] + peers_table(suites)
         if "overhead" in suites:
             lines += ["", f"Host time per call on tiny tensors (suite `overhead`): "
                           f"fusednorm's is {_overhead_span(suites['overhead'])} "

@@ -40,3 +40,20 @@ def test_readme_without_markers_is_refused():
 def test_every_summary_plot_is_committed():
     for folder in docs_page.README_FOLDERS:
         assert (docs_page.IMAGES / f"benchmarks-{folder}.png").stat().st_size > 0
+
+
+def test_peers_table_states_each_peer_and_the_floor_per_pass():
+    """Two cases: fusednorm 1 ms, torch.compile 0.5 and 2 ms, Liger 3 ms (forward only), at
+    40% and 80% of copy: medians and ranges per pass, a peer's row only where it was timed."""
+    def row(pass_, n, provider, ms, pct=None):
+        return {"pass": pass_, "dtype": "bfloat16", "M": 8, "N": n, "provider": provider,
+                "ms": ms, "pct_of_copy": pct}
+    rows = [row("fwd", 1024, "fusednorm", 1.0, 40.0), row("fwd", 1024, "torch.compile", 0.5),
+            row("fwd", 1024, "liger", 3.0),
+            row("fwd", 2048, "fusednorm", 1.0, 80.0), row("fwd", 2048, "torch.compile", 2.0),
+            row("bwd", 1024, "fusednorm", 2.0, 50.0), row("bwd", 1024, "torch.compile", 2.0)]
+    lines = docs_page.peers_table({"layer_norm": {"suite": "layer_norm", "rows": rows}})
+    assert lines[2] == "| `layer_norm` | × torch.compile | 1.25× (0.50–2.00) | 1.00× (1.00–1.00) | – |"
+    assert lines[3] == "| `layer_norm` | × liger | 3.00× (3.00–3.00) | – | – |"
+    assert lines[4] == "| `layer_norm` | % of copy | 60% (40–80) | 50% (50–50) | – |"
+    assert len(lines) == 5
