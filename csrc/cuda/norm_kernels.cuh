@@ -303,11 +303,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // Clustered launches need sm_90 (resident_clusters); below it the instantiation is empty.
-  if constexpr (CLUSTER) {
-    __trap();
-    return;
-  }
+  // Clustered launches need sm_90 (resident_clusters); below it a clustered instantiation
+  // only traps. __trap() ends the kernel, so the code after it compiles out (no `return`:
+  // nvcc warned for each instantiation that the loop below it was unreachable).
+  if constexpr (CLUSTER) __trap();
 #endif
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
@@ -630,10 +629,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       p.mode != kPartial && (p.dweight_part != nullptr || p.dbias_part != nullptr);
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (CLUSTER) {  // as in the forward kernel
-    __trap();
-    return;
-  }
+  if constexpr (CLUSTER) __trap();  // as in the forward kernel
 #endif
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
