@@ -6,6 +6,7 @@ back to its plain-PyTorch reference with a warning.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 
@@ -55,6 +56,44 @@ if not AVAILABLE:
         RuntimeWarning,
         stacklevel=2,
     )
+
+
+def compile_cache_tag(build_stamp: str) -> str:
+    """fusednorm's part of torch.compile's cache key tag, from a stamp of the loaded build."""
+    return "fusednorm-" + hashlib.sha256(build_stamp.encode()).hexdigest()[:16]
+
+
+def _build_stamp() -> str:
+    """The loaded build's stamp: the hash of the sources it was compiled from (csrc/, where
+    every op's schema is written; setup.py records it), else the library file's size and
+    modification time."""
+    from . import _build_config, _C
+
+    source_hash = getattr(_build_config, "SOURCE_HASH", None)
+    if source_hash:
+        return source_hash
+    stat = os.stat(_C.__file__)
+    return f"{stat.st_size:x}{stat.st_mtime_ns:x}"
+
+
+def _tag_compile_caches() -> None:
+    """torch.compile's caches on disk (Inductor's FX graph cache, AOTAutograd's, under
+    /tmp/torchinductor_<user>) know a custom op in a graph by its name only, not by its
+    schema or kernels: an entry compiled against another build of fusednorm (an op since
+    changed or removed) would be loaded. Their documented cache breaker,
+    torch.compiler.config.cache_key_tag, gets this build's tag appended (a tag the user set
+    before the import is kept)."""
+    config = getattr(torch.compiler, "config", None)
+    if not hasattr(config, "cache_key_tag"):
+        return
+    ours = compile_cache_tag(_build_stamp())
+    tag = config.cache_key_tag
+    if ours not in tag.split(","):
+        config.cache_key_tag = f"{tag},{ours}" if tag else ours
+
+
+if AVAILABLE:
+    _tag_compile_caches()
 
 
 def _load_fast_calls():

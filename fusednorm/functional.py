@@ -10,6 +10,7 @@ the input's device (or the library did not load). The checks below serve those t
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Sequence
 
@@ -25,6 +26,11 @@ _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Under torch.compile the check below is a constant True and dynamo traces the torch.ops
 # call, a graph node.
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
+# Where zero_centered_weight, a bool, sits in a norm op's arguments (filled below the
+# functions, from their parameters, which are the op's schema: tests/test_op_table.py).
+# torch.ops (and the fallback) would take any int for it, so _call has the op's check name
+# a non-bool before either; the direct entries answer NotImplemented for one.
+_FLAG_AT: dict[str, int] = {}
 _warned_fallback: set[tuple[str, str]] = set()
 
 
@@ -172,6 +178,9 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
         out = getattr(fast, name)(*args)
         if out is not NotImplemented:
             return out
+    flag_at = _FLAG_AT.get(name)
+    if flag_at is not None and type(args[flag_at]) is not bool:
+        check(*args)  # raises, naming zero_centered_weight
     op = getattr(ops, name.upper())
     if op is not None:
         try:
@@ -201,8 +210,6 @@ def layer_norm(
     go to weight."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if zero_centered_weight is not False and zero_centered_weight is not True:
-        _check_flag("fusednorm.layer_norm", zero_centered_weight)  # torch.ops would take an int
     return _call("layer_norm", (input, normalized_shape, weight, bias, eps, zero_centered_weight),
                  1, _check_layer_norm_call, "norm_fwd", _reference_layer_norm)
 
@@ -258,8 +265,6 @@ def rms_norm(
     zero_centered_weight=True applies 1 + weight, as layer_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if zero_centered_weight is not False and zero_centered_weight is not True:
-        _check_flag("fusednorm.rms_norm", zero_centered_weight)  # torch.ops would take an int
     return _call("rms_norm", (input, normalized_shape, weight, eps, zero_centered_weight), 1,
                  _check_rms_norm_call, "norm_fwd", _reference_rms_norm)
 
@@ -288,8 +293,6 @@ def add_layer_norm(
     zero_centered_weight as layer_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if zero_centered_weight is not False and zero_centered_weight is not True:
-        _check_flag("fusednorm.add_layer_norm", zero_centered_weight)  # torch.ops would take an int
     args = (input, residual, normalized_shape, weight, bias, eps, zero_centered_weight)
     return _call("add_layer_norm", args, 2, _check_add_layer_norm_call, "norm_fwd",
                  _unfused_add_layer_norm)
@@ -319,8 +322,6 @@ def add_rms_norm(
     zero_centered_weight as rms_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if zero_centered_weight is not False and zero_centered_weight is not True:
-        _check_flag("fusednorm.add_rms_norm", zero_centered_weight)  # torch.ops would take an int
     args = (input, residual, normalized_shape, weight, eps, zero_centered_weight)
     return _call("add_rms_norm", args, 2, _check_add_rms_norm_call, "norm_fwd",
                  _unfused_add_rms_norm)
@@ -335,6 +336,9 @@ def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps,
     return rms_norm(total, normalized_shape, weight, eps,
                     zero_centered_weight=zero_centered_weight), total
 
+
+_FLAG_AT.update({fn.__name__: list(inspect.signature(fn).parameters).index("zero_centered_weight")
+                 for fn in (layer_norm, rms_norm, add_layer_norm, add_rms_norm)})
 
 _APPROXIMATE = ("none", "tanh")
 

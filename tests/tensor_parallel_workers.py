@@ -109,6 +109,19 @@ def ops(rank: int, world: int) -> None:
                       out_placement=kept)
         if normalized_dims == 1:  # input sequence-sharded, residual replicated: redistributed
             _check_op(f"{name} mixed", fn, inputs, {"input": Shard(1)}, mesh)
+    # zero_centered_weight: 1 + weight is formed of the (replicated) DTensor weight by ATen
+    # ops before the op; the input sequence-sharded (kept) and feature-sharded (gathered).
+    zero_centered = {
+        "layer_norm": (lambda input, w, b: (
+            fusednorm.layer_norm(input, (D,), w, b, zero_centered_weight=True),),
+            dict(input=x(1), w=w, b=b)),
+        "rms_norm": (lambda input, w: (fusednorm.rms_norm(input, (D,), w, zero_centered_weight=True),),
+                     dict(input=x(1), w=w)),
+    }
+    for name, (fn, inputs) in zero_centered.items():
+        for dim in (1, 2):
+            _check_op(f"{name} zero_centered_weight Shard({dim})", fn, inputs, {"input": Shard(dim)},
+                      mesh, out_placement=Shard(dim) if dim == 1 else None)
 
     w1, b1 = _random(H, D, seed=7), _random(H, seed=8)
     w2, b2 = _random(D, H, seed=9), _random(D, seed=10)

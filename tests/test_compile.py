@@ -115,3 +115,30 @@ def test_autocast_cuda_runs_in_float32(autocast_dtype):
         expected = F.layer_norm(x, (64,), w)
     assert out.dtype == expected.dtype == torch.float32
     torch.testing.assert_close(out, expected)
+
+
+def test_compile_cache_key_follows_the_build(monkeypatch):
+    """torch.compile's on-disk caches name fusednorm's ops, not their schemas: the import
+    tags their key with the loaded build's stamp (a user's tag kept), so that a graph
+    compiled against another build is never loaded."""
+    from torch._inductor.codecache import compiled_fx_graph_hash
+
+    from fusednorm import _loader
+
+    ours = _loader.compile_cache_tag(_loader._build_stamp())
+    assert ours in torch.compiler.config.cache_key_tag.split(","), torch.compiler.config.cache_key_tag
+    gm = torch.fx.symbolic_trace(
+        lambda x, w: torch.ops.fusednorm.layer_norm.default(x, [8], w, None, 1e-5, False)[0])
+    inputs = [random_input((4, 8), torch.float32, "cpu"), random_input((8,), torch.float32, "cpu")]
+
+    def key_when_built_from(stamp, user_tag=""):
+        monkeypatch.setattr(_loader, "_build_stamp", lambda: stamp)
+        with torch.compiler.config.patch(cache_key_tag=user_tag):
+            _loader._tag_compile_caches()
+            tag = torch.compiler.config.cache_key_tag
+            return compiled_fx_graph_hash(gm, inputs, {}, [])[0], tag
+
+    key_a, tag_a = key_when_built_from("a")
+    assert key_when_built_from("a") == (key_a, tag_a)
+    assert key_when_built_from("b")[0] != key_a
+    assert key_when_built_from("a", "mine")[1] == "mine," + tag_a

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/norm_workspace.h"
 #include "registry.h"
 
 namespace fusednorm::cuda::ab {
@@ -22,19 +23,6 @@ std::map<Key, BwdFn>& bwd_entries() {
 }
 
 namespace {
-
-class TensorWorkspace final : public Workspace {
- public:
-  explicit TensorWorkspace(const at::Tensor& like) : options_(like.options().dtype(at::kByte)) {}
-  void* allocate(int64_t bytes) override {
-    buffers_.push_back(at::empty({bytes}, options_));
-    return buffers_.back().mutable_data_ptr();
-  }
-
- private:
-  at::TensorOptions options_;
-  std::vector<at::Tensor> buffers_;
-};
 
 using Opt = std::optional<at::Tensor>;
 

@@ -14,31 +14,14 @@
 
 #include <atomic>
 #include <tuple>
-#include <vector>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "cuda/norm_launch.h"
+#include "cuda/norm_workspace.h"
 
 namespace fusednorm::cuda {
 namespace {
-
-// Byte buffers from the caching allocator, held until the op returns: the kernels that use
-// them are already enqueued on the current stream, which is what the allocator's reuse
-// follows (and what CUDA-graph capture records).
-class TensorWorkspace final : public Workspace {
- public:
-  explicit TensorWorkspace(const at::Tensor& like) : options_(like.options().dtype(at::kByte)) {}
-
-  void* allocate(int64_t bytes) override {
-    buffers_.push_back(at::empty({bytes}, options_));
-    return buffers_.back().mutable_data_ptr();
-  }
-
- private:
-  at::TensorOptions options_;
-  std::vector<at::Tensor> buffers_;
-};
 
 bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 

@@ -303,11 +303,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // Clustered launches need sm_90 (resident_clusters); below it the instantiation is empty.
-  if constexpr (CLUSTER) {
-    __trap();
-    return;
-  }
+  // Clustered launches need sm_90 (resident_clusters); below it a clustered instantiation
+  // only traps. __trap() ends the kernel, so the code after it compiles out (no `return`:
+  // nvcc warned for each instantiation that the loop below it was unreachable).
+  if constexpr (CLUSTER) __trap();
 #endif
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
@@ -630,10 +629,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       p.mode != kPartial && (p.dweight_part != nullptr || p.dbias_part != nullptr);
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (CLUSTER) {  // as in the forward kernel
-    __trap();
-    return;
-  }
+  if constexpr (CLUSTER) __trap();  // as in the forward kernel
 #endif
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
@@ -981,24 +977,15 @@ template <typename T, typename P, int VEC, typename Table, bool CENTERED>
 void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
-  FwdParams<T, P> p{};
-  p.x = a.x;
-  p.residual = a.residual;
-  p.weight = a.weight;
-  p.bias = a.bias;
-  p.y = a.y;
-  p.sum = a.sum;
-  p.mean = a.mean;
-  p.rstd = a.rstd;
-  p.M = a.M;
-  p.N = a.N;
-  p.chunk = split.chunk;
-  p.chunks = split.chunks;
   const int64_t last_chunk = a.N - (split.chunks - 1) * split.chunk;
-  p.inv_chunk = acc_t(1) / static_cast<acc_t>(std::max<int64_t>(split.chunk, 1));
-  p.inv_last_chunk = last_chunk > 0 ? acc_t(1) / static_cast<acc_t>(last_chunk) : acc_t(0);
-  p.inv_n = a.N > 0 ? acc_t(1) / static_cast<acc_t>(a.N) : acc_t(0);
-  p.eps = static_cast<acc_t>(a.eps);
+  FwdParams<T, P> p{
+      .x = a.x, .residual = a.residual, .weight = a.weight, .bias = a.bias, .y = a.y,
+      .sum = a.sum, .mean = a.mean, .rstd = a.rstd, .M = a.M, .N = a.N,
+      .chunk = split.chunk, .chunks = split.chunks,
+      .inv_chunk = acc_t(1) / static_cast<acc_t>(std::max<int64_t>(split.chunk, 1)),
+      .inv_last_chunk = last_chunk > 0 ? acc_t(1) / static_cast<acc_t>(last_chunk) : acc_t(0),
+      .inv_n = a.N > 0 ? acc_t(1) / static_cast<acc_t>(a.N) : acc_t(0),
+      .eps = static_cast<acc_t>(a.eps)};
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
@@ -1084,18 +1071,9 @@ template <typename T, typename P, int VEC, typename Table, bool CENTERED>
 void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
-  BwdParams<T, P> p{};
-  p.dy = a.dy;
-  p.x = a.x;
-  p.mean = a.mean;
-  p.rstd = a.rstd;
-  p.weight = a.weight;
-  p.grad_sum = a.grad_sum;
-  p.dx = a.dx;
-  p.M = a.M;
-  p.N = a.N;
-  p.chunk = split.chunk;
-  p.chunks = split.chunks;
+  BwdParams<T, P> p{.dy = a.dy, .x = a.x, .mean = a.mean, .rstd = a.rstd, .weight = a.weight,
+                    .grad_sum = a.grad_sum, .dx = a.dx, .M = a.M, .N = a.N,
+                    .chunk = split.chunk, .chunks = split.chunks};
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
