@@ -47,7 +47,8 @@ METHOD = """\
   reference before it is timed; a provider that fails is left out and named in the notes of
   its suite's table.
 - **× torch**: PyTorch eager's time over the provider's (above 1: faster). **× compile**:
-  `torch.compile`'s time over the provider's.
+  `torch.compile`'s time over the provider's. **× liger** (GPU runs with Liger-Kernel
+  installed): Liger's time over the provider's.
 - **% of copy** (the norm suites): the fewest bytes the pass must move (forward: read x,
   weight, bias, write y, mean, rstd; backward: read x, dy, mean, rstd, weight, write dx,
   dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
@@ -259,15 +260,17 @@ def _stamps_table(data: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def _suite_table(result: dict) -> list[str]:
-    """One row per case: for each pass, fusednorm's × torch / × compile / % of copy (the
-    norm suites) or % of GEMM (gelu_ffn)."""
+    """One row per case: for each pass, fusednorm's × torch / × compile (/ × liger where the
+    suite timed Liger) / % of copy (the norm suites) or % of GEMM (gelu_ffn)."""
     ffn = result["suite"] == "gelu_ffn"
     floor_key, floor_name = ("pct_of_gemm", "% GEMM") if ffn else ("pct_of_copy", "% copy")
     keys = _case_keys(result)
     cases = _cases(result, keys)
     passes = list(dict.fromkeys(k[0] for k in cases))
+    peers = [COMPILED] + ([LIGER] if any(r["provider"] == LIGER for r in result["rows"]) else [])
+    peer_names = " / ".join(f"× {'compile' if p == COMPILED else p}" for p in peers)
     header = ["dtype", "M", "N"] + (["hidden"] if ffn else [])
-    header += [f"{p}: × torch / × compile / {floor_name}" for p in passes]
+    header += [f"{p}: × torch / {peer_names} / {floor_name}" for p in passes]
     if ffn:
         header.append("saved MiB (torch)")
     lines = ["| " + " | ".join(header) + " |",
@@ -281,10 +284,10 @@ def _suite_table(result: dict) -> list[str]:
                 cells.append("n/a")
                 continue
             floor = ours.get(floor_key)
-            cells.append(" / ".join([
-                _x(_ratio(by.get(report.BASELINE, {}).get("ms"), ours["ms"])),
-                _x(_ratio(by.get(COMPILED, {}).get("ms"), ours["ms"])),
-                "–" if floor is None else f"{floor:.0f}%"]))
+            cells.append(" / ".join(
+                [_x(_ratio(by.get(report.BASELINE, {}).get("ms"), ours["ms"]))]
+                + [_x(_ratio(by.get(peer, {}).get("ms"), ours["ms"])) for peer in peers]
+                + ["–" if floor is None else f"{floor:.0f}%"]))
         if ffn:
             fwd = cases.get(("fwd", *case), {})
             ours, theirs = fwd.get(OURS, {}).get("saved_mb"), fwd.get(report.BASELINE, {}).get("saved_mb")
