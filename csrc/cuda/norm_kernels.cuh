@@ -233,14 +233,15 @@ enum RowMode : int {
 // ---------------------------------------------------------------------------------------
 // Forward
 
-template <typename T, typename P>
+// IO: the type of x and y (T's, or 16-bit beside a float T: see NormFwdArgs).
+template <typename T, typename P, typename IO = T>
 struct FwdParams {
   using acc_t = acc_type_t<T>;
-  const T* x;
+  const IO* x;
   const T* residual;  // nullable: normalize s = x + residual (rounded to T)
   const P* weight;    // nullable
   const P* bias;      // nullable
-  T* y;
+  IO* y;
   T* sum;             // s, written when residual is set
   acc_t* mean;        // unused (null) when not CENTERED
   acc_t* rstd;
@@ -258,15 +259,33 @@ struct FwdParams {
 
 // Element i of what is normalized: x[i], or x[i] + residual[i] rounded to T (added in the
 // accumulator type, as the CPU kernels and eager `x + residual` do).
-template <typename T>
-__device__ __forceinline__ T normalized_input(const T* x, const T* residual, int64_t i) {
-  return residual != nullptr ? static_cast<T>(to_acc(x[i]) + to_acc(residual[i])) : x[i];
+template <typename T, typename IO>
+__device__ __forceinline__ T normalized_input(const IO* x, const T* residual, int64_t i) {
+  if (residual != nullptr) return static_cast<T>(to_acc(x[i]) + to_acc(residual[i]));
+  if constexpr (std::is_same_v<T, IO>) {
+    return x[i];
+  } else {
+    return static_cast<T>(to_acc(x[i]));
+  }
+}
+
+// A pack of IO as T (exact: IO is T or narrower).
+template <typename T, typename IO, int VEC>
+__device__ __forceinline__ Pack<T, VEC> pack_as(const Pack<IO, VEC>& in) {
+  if constexpr (std::is_same_v<T, IO>) {
+    return in;
+  } else {
+    Pack<T, VEC> out;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(pack_acc(in, e));
+    return out;
+  }
 }
 
 // The shift of a LayerNorm row of N > 0 values starting at row_start (median_of_three). The
 // same in every chunk of a row: all read the row's first values.
-template <typename T>
-__device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual,
+template <typename T, typename IO>
+__device__ __forceinline__ acc_type_t<T> row_shift(const IO* x, const T* residual,
                                                    int64_t row_start, int64_t N) {
   return row_shift_of<acc_type_t<T>>(N, [&](int64_t i) {
     return to_acc(normalized_input(x, residual, row_start + i));
@@ -286,9 +305,9 @@ __device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual
 // Not CENTERED (RMSNorm): shift = mean = 0, the statistic is the row's sum of squares
 // (row_sums / cluster_sums; one chain per thread, as a pack's elements are independent).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
-          bool CENTERED = true>
+          bool CENTERED = true, typename IO = T>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
-    norm_fwd_kernel(const FwdParams<T, P> p) {
+    norm_fwd_kernel(const FwdParams<T, P, IO> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
@@ -345,7 +364,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       for (int i = 0; i < ITEMS; ++i) {
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
-          xs[i] = load_pack<VEC>(p.x + first + i * kStride);
+          xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));
           if (p.residual != nullptr) {
             // s = x + residual, rounded to T: the sum output, and what is normalized (its
             // rounded values, as the backward sees them).
@@ -467,7 +486,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
           // that fewer parameter registers are live at once (8 instead of 16 per pack).
           constexpr int kSub = std::min<int>(VEC, 16 / int(sizeof(P)));
-          Pack<T, VEC> out;
+          Pack<IO, VEC> out;
 #pragma unroll
           for (int h = 0; h < VEC / kSub; ++h) {
             const int64_t at = col0 + tid * VEC + i * kStride + h * kSub;
@@ -487,23 +506,23 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
                 out.v[h * kSub + e] =
-                    static_cast<T>(fma_acc(xhat(h * kSub + e), pack_acc(w, e), pack_acc(b, e)));
+                    static_cast<IO>(fma_acc(xhat(h * kSub + e), pack_acc(w, e), pack_acc(b, e)));
               }
             } else if (p.weight != nullptr) {
               const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
-                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) * pack_acc(w, e));
+                out.v[h * kSub + e] = static_cast<IO>(xhat(h * kSub + e) * pack_acc(w, e));
               }
             } else if (p.bias != nullptr) {
               const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
-                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) + pack_acc(b, e));
+                out.v[h * kSub + e] = static_cast<IO>(xhat(h * kSub + e) + pack_acc(b, e));
               }
             } else {
 #pragma unroll
-              for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e));
+              for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<IO>(xhat(h * kSub + e));
             }
           }
           store_pack<VEC>(p.y + first + i * kStride, out);
@@ -519,9 +538,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 // tree over lanes) and writes mean, rstd and the mean's rest for the apply pass. A warp
 // per row. Not centered (RMSNorm): adds the chunks' sums of squares (the same fixed order)
 // and writes rstd only.
-template <typename T, bool CENTERED>
+template <typename T, bool CENTERED, typename IO = T>
 __global__ void __launch_bounds__(kMergeThreads)
-    norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, const T* residual,
+    norm_merge_stats_kernel(const acc_type_t<T>* partial, const IO* x, const T* residual,
                                   int64_t M, int64_t N, int64_t chunks, acc_type_t<T> eps,
                                   acc_type_t<T>* mean, acc_type_t<T>* rstd,
                                   acc_type_t<T>* mean_rest) {
@@ -582,10 +601,11 @@ __global__ void __launch_bounds__(kMergeThreads)
 template <bool CENTERED>
 constexpr int kBwdSums = CENTERED ? 3 : 2;
 
-template <typename T, typename P>
+// IO: dy's type (T's, or 16-bit beside a float T: see NormBwdArgs).
+template <typename T, typename P, typename IO = T>
 struct BwdParams {
   using acc_t = acc_type_t<T>;
-  const T* dy;
+  const IO* dy;
   const T* x;
   const acc_t* mean;
   const acc_t* rstd;
@@ -610,10 +630,10 @@ struct BwdParams {
 // bound, the 16-bit buckets with float parameters ran one block of 256 per multiprocessor.
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sums).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
-          bool CENTERED = true>
+          bool CENTERED = true, typename IO = T>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
                                   (kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>))
-    norm_bwd_kernel(const BwdParams<T, P> p) {
+    norm_bwd_kernel(const BwdParams<T, P, IO> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   constexpr int kSums = kBwdSums<CENTERED>;
@@ -670,9 +690,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       const bool row_ok = row < p.M;
       const int64_t base = (row_ok ? row * p.N : 0) + col0;
       const T* x = p.x + base;
-      const T* dy = p.dy + base;
+      const IO* dy = p.dy + base;
 
-      Pack<T, VEC> xs[ITEMS], dys[ITEMS];
+      Pack<T, VEC> xs[ITEMS];
+      Pack<IO, VEC> dys[ITEMS];
       int valid = 0;
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
@@ -949,11 +970,11 @@ void launch_rows(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream)
 // The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
 // build allow it, with at most as many clusters as fit at once (resident_clusters); returns
 // whether it launched.
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+bool try_launch_fwd_cluster(const FwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
+  constexpr auto kernel = norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>;
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks) return false;
   const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), dev.index, cache);
@@ -969,19 +990,19 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
       std::clamp<int64_t>(ceil_div(M, kMergeThreads / kWarpSize), 1, int64_t(dev.sm_count) * 16));
 }
 
-template <bool CENTERED, typename T, typename P>
-void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
-  launch_kernel(norm_merge_stats_kernel<T, CENTERED>, warp_per_row_grid(p.M, dev), kMergeThreads,
+template <bool CENTERED, typename T, typename P, typename IO>
+void launch_merge_stats(const FwdParams<T, P, IO>& p, DeviceInfo dev, cudaStream_t stream) {
+  launch_kernel(norm_merge_stats_kernel<T, CENTERED, IO>, warp_per_row_grid(p.M, dev), kMergeThreads,
                 stream, p.partial, p.x, p.residual, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
                 p.mean_rest);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table, bool CENTERED>
-void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
+template <typename T, typename P, int VEC, typename Table, bool CENTERED, typename IO>
+void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
-  FwdParams<T, P> p{};
+  FwdParams<T, P, IO> p{};
   p.x = a.x;
   p.residual = a.residual;
   p.weight = a.weight;
@@ -1002,7 +1023,7 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    constexpr auto kernel = norm_fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED>;
+    constexpr auto kernel = norm_fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO>;
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     if (split.chunks == 1) {
@@ -1028,8 +1049,8 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
 
 // The forward of LayerNorm (CENTERED) or RMSNorm. Every pointer, the residual and the sum
 // included, must be 16-byte aligned for the 16-byte packs (null counts as aligned).
-template <bool CENTERED, typename T, typename P>
-void norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_fwd_impl(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   if (a.M == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
@@ -1045,23 +1066,23 @@ void norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
 // How many clusters of p.chunks blocks the chunked backward's clustered launch may use (as
 // try_launch_fwd_cluster), 0 where it cannot run in clusters. Asked before the launch: the
 // parameter-gradient partials take one row per block of grid.x.
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-int bwd_resident_clusters(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev) {
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+int bwd_resident_clusters(const BwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
+  constexpr auto kernel = norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>;
   if (grid.y != p.chunks) return 0;
   return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), dev.index, cache);
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-void launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_cluster_kernel(norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>, grid,
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+void launch_bwd_cluster(const BwdParams<T, P, IO>& p, dim3 grid, cudaStream_t stream) {
+  launch_cluster_kernel(norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>, grid,
                         RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <bool CENTERED, typename T, typename P>
-void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void launch_merge_sums(const BwdParams<T, P, IO>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
                        cudaStream_t stream) {
   launch_kernel(norm_merge_sums_kernel<acc_type_t<T>, kBwdSums<CENTERED>>,
                 warp_per_row_grid(p.M, dev), kMergeThreads, stream, p.row_part, p.M, p.N, p.chunks,
@@ -1080,11 +1101,11 @@ void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table, bool CENTERED>
-void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
+template <typename T, typename P, int VEC, typename Table, bool CENTERED, typename IO>
+void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
-  BwdParams<T, P> p{};
+  BwdParams<T, P, IO> p{};
   p.dy = a.dy;
   p.x = a.x;
   p.mean = a.mean;
@@ -1099,7 +1120,7 @@ void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    constexpr auto kernel = norm_bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED>;
+    constexpr auto kernel = norm_bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO>;
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     // Chunked rows run in one clustered launch where possible (see run_fwd: only the
@@ -1164,8 +1185,8 @@ constexpr bool adds_grad_sum() {
 }
 
 // The backward of LayerNorm (CENTERED) or RMSNorm (then a.mean and a.dbias are unused).
-template <bool CENTERED, typename T, typename P>
-void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_bwd_impl(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   // M == 0 (gradients are zeros) and N == 0 (nothing to compute) are settled by the caller.
   if (a.M == 0 || a.N == 0) return;
@@ -1187,14 +1208,14 @@ void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
 }  // namespace
 
 // The entries norm_launch.h declares, instantiated by norm_instances.cuh.
-template <bool CENTERED, typename T, typename P>
-void norm_fwd_cuda(const NormFwdArgs<T, P>& args, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_fwd_cuda(const NormFwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   norm_fwd_impl<CENTERED>(args, ws, dev, stream);
 }
 
-template <bool CENTERED, typename T, typename P>
-void norm_bwd_cuda(const NormBwdArgs<T, P>& args, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_bwd_cuda(const NormBwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   norm_bwd_impl<CENTERED>(args, ws, dev, stream);
 }
