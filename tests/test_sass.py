@@ -151,10 +151,10 @@ def test_sass_figures_cover_every_bucket(tmp_path):
     from benchmarks import sass_figures
 
     rows = sass_figures.figures(kernels())
-    got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["param_dtype"],
-            r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
-    want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.param, rk.vec, rk.tpr, rk.items,
-             rk.cluster) for k, rk in row_kernels()}
+    got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["io_dtype"],
+            r["param_dtype"], r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
+    want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.io, rk.param, rk.vec, rk.tpr,
+             rk.items, rk.cluster) for k, rk in row_kernels()}
     assert got == want and len(rows) == len(want)
     for arch in {r["arch"] for r in rows}:
         paths = {(r["pass"], r["kind"], r["dtype"], r["param_dtype"], r["layout"])
