@@ -278,3 +278,31 @@ def test_rejected_arguments(device, kind):
         op(x, r, [8], None, None, False, None)
     with pytest.raises(RuntimeError, match="sum_dtype"):
         torch.ops.fusednorm.norm_fwd(x, None, None, None, 1e-5, True, F32)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_fallback(kind, monkeypatch):
+    """Where no kernel serves the device, the fallback (input + residual, then the norm's
+    reference) forms the sum in float32 too, and rounds the output once to the input's."""
+    import types
+
+    from fusednorm import _loader, functional, ops
+
+    def no_kernel(*args):
+        raise NotImplementedError("Could not run 'fusednorm' with arguments from the 'CPU' backend")
+
+    for name in ("ADD_RMS_NORM", "ADD_LAYER_NORM", "RMS_NORM", "LAYER_NORM"):
+        monkeypatch.setattr(ops, name, no_kernel)
+    monkeypatch.setattr(ops, "FAST", types.SimpleNamespace(**{
+        n: lambda *a: NotImplemented
+        for n in ("add_rms_norm", "add_layer_norm", "rms_norm", "layer_norm")}))
+    monkeypatch.setattr(_loader, "KERNELS", frozenset())
+    monkeypatch.setattr(functional, "_warned_fallback", set())
+    x, r, w, b = _data(5, 33, torch.bfloat16, F32, "cpu", kind, wdtype=F32)
+    with pytest.warns(RuntimeWarning):
+        out, s = _fused(kind, (33,))(x, r, w, b)
+    assert out.dtype == torch.bfloat16 and torch.equal(s, x.float() + r)
+    expected = _torch(kind, (33,))(x, r, w, b)[0]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2 * UNIT[torch.bfloat16], atol=1e-5)
+    with pytest.raises(FusedTypeError, match="residual_dtype must be None or torch.float32"):
+        _fused(kind, (33,), residual_dtype=torch.float16)(x, r, w, b)
