@@ -91,7 +91,7 @@ void launch(const NormBwdArgs<T, P, IO>& args, bool centered, Workspace& ws, Dev
 // A float32 residual stream beside 16-bit inputs (sum_dtype; grad_out of a float32 sum): the
 // kernels' float instantiations with the input's type for x, y and dy (NormFwdArgs' IO).
 // They take float parameters: 16-bit ones are widened here (N values), and their gradients
-// rounded once back.
+// rounded once back; a residual of either dtype.
 std::optional<at::Tensor> widened(const std::optional<at::Tensor>& t) {
   if (!present(t) || t->scalar_type() == at::kFloat) return t;
   return t->to(at::kFloat);
@@ -145,16 +145,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
   if (M == 0) return {out, sum, mean, rstd};
 
   if (sum_type != input.scalar_type()) {
-    // The kernels read a float residual: one of the input's dtype is widened first (a pass
-    // the CPU kernels do not make: there the residual has its own type).
-    const at::Tensor r = residual->to(at::kFloat);
     const auto w = widened(weight), b = widened(bias);
+    const bool wide_residual = residual->scalar_type() == at::kFloat;
     launch_float_sum(input, centered, [&](auto io_tag) {
       using IO = decltype(io_tag);
       return NormFwdArgs<float, float, IO>{
           input.const_data_ptr<IO>(), data_or_null<float>(w), data_or_null<float>(b),
           out.mutable_data_ptr<IO>(), out_or_null<float>(mean), rstd.mutable_data_ptr<float>(),
-          M, N, eps, r.const_data_ptr<float>(), sum.mutable_data_ptr<float>()};
+          M, N, eps, wide_residual ? residual->const_data_ptr<float>() : nullptr,
+          sum.mutable_data_ptr<float>(),
+          wide_residual ? nullptr : residual->const_data_ptr<IO>()};
     });
     return {out, sum, mean, rstd};
   }

@@ -239,6 +239,7 @@ struct FwdParams {
   using acc_t = acc_type_t<T>;
   const IO* x;
   const T* residual;  // nullable: normalize s = x + residual (rounded to T)
+  const IO* residual_io;  // IO != T only, instead of residual: a residual of IO's type
   const P* weight;    // nullable
   const P* bias;      // nullable
   IO* y;
@@ -260,11 +261,13 @@ struct FwdParams {
 // Element i of what is normalized: x[i], or x[i] + residual[i] rounded to T (added in the
 // accumulator type, as the CPU kernels and eager `x + residual` do).
 template <typename T, typename IO>
-__device__ __forceinline__ T normalized_input(const IO* x, const T* residual, int64_t i) {
+__device__ __forceinline__ T normalized_input(const IO* x, const T* residual,
+                                              const IO* residual_io, int64_t i) {
   if (residual != nullptr) return static_cast<T>(to_acc(x[i]) + to_acc(residual[i]));
   if constexpr (std::is_same_v<T, IO>) {
     return x[i];
   } else {
+    if (residual_io != nullptr) return static_cast<T>(to_acc(x[i]) + to_acc(residual_io[i]));
     return static_cast<T>(to_acc(x[i]));
   }
 }
@@ -282,13 +285,33 @@ __device__ __forceinline__ Pack<T, VEC> pack_as(const Pack<IO, VEC>& in) {
   }
 }
 
+// Whether the forward adds a residual, and its pack at `at` as T: of T, or (IO != T, the
+// float32 sum of 16-bit inputs) one of IO's type, widened on load. With IO = T only
+// `residual` exists.
+template <typename T, typename P, typename IO>
+__device__ __forceinline__ bool has_residual(const FwdParams<T, P, IO>& p) {
+  if constexpr (!std::is_same_v<T, IO>) {
+    if (p.residual_io != nullptr) return true;
+  }
+  return p.residual != nullptr;
+}
+
+template <int VEC, typename T, typename P, typename IO>
+__device__ __forceinline__ Pack<T, VEC> residual_pack(const FwdParams<T, P, IO>& p, int64_t at) {
+  if constexpr (!std::is_same_v<T, IO>) {
+    if (p.residual_io != nullptr) return pack_as<T>(load_pack<VEC>(p.residual_io + at));
+  }
+  return load_pack<VEC>(p.residual + at);
+}
+
 // The shift of a LayerNorm row of N > 0 values starting at row_start (median_of_three). The
 // same in every chunk of a row: all read the row's first values.
 template <typename T, typename IO>
 __device__ __forceinline__ acc_type_t<T> row_shift(const IO* x, const T* residual,
-                                                   int64_t row_start, int64_t N) {
+                                                   const IO* residual_io, int64_t row_start,
+                                                   int64_t N) {
   return row_shift_of<acc_type_t<T>>(N, [&](int64_t i) {
-    return to_acc(normalized_input(x, residual, row_start + i));
+    return to_acc(normalized_input(x, residual, residual_io, row_start + i));
   });
 }
 
@@ -365,10 +388,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
           xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));
-          if (p.residual != nullptr) {
+          if (has_residual(p)) {
             // s = x + residual, rounded to T: the sum output, and what is normalized (its
             // rounded values, as the backward sees them).
-            const Pack<T, VEC> r = load_pack<VEC>(p.residual + first + i * kStride);
+            const Pack<T, VEC> r = residual_pack<VEC>(p, first + i * kStride);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
               xs[i].v[e] = static_cast<T>(pack_acc(xs[i], e) + pack_acc(r, e));
@@ -379,7 +402,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         }
       }
       const acc_t shift = CENTERED && mode != kApply && row_ok && p.N > 0
-                              ? row_shift(p.x, p.residual, row_start, p.N)
+                              ? row_shift(p.x, p.residual, p.residual_io, row_start, p.N)
                               : acc_t(0);
       // y = ((x - mean) - mean_rest) * rstd (RMSNorm: x * rstd), computed as
       // fma(x - mean, rstd, -mean_rest * rstd): one operation fewer per element in a kernel
@@ -541,9 +564,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 template <typename T, bool CENTERED, typename IO = T>
 __global__ void __launch_bounds__(kMergeThreads)
     norm_merge_stats_kernel(const acc_type_t<T>* partial, const IO* x, const T* residual,
-                                  int64_t M, int64_t N, int64_t chunks, acc_type_t<T> eps,
-                                  acc_type_t<T>* mean, acc_type_t<T>* rstd,
-                                  acc_type_t<T>* mean_rest) {
+                            const IO* residual_io, int64_t M, int64_t N, int64_t chunks,
+                            acc_type_t<T> eps, acc_type_t<T>* mean, acc_type_t<T>* rstd,
+                            acc_type_t<T>* mean_rest) {
   using acc_t = acc_type_t<T>;
   constexpr int kRowsPerBlock = kMergeThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -567,7 +590,7 @@ __global__ void __launch_bounds__(kMergeThreads)
       s = warp_merge(s);
       if (lane == 0) {
         const NearestAndRest<acc_t> split =
-            nearest_and_rest(row_shift(x, residual, row * N, N), s.mean);
+            nearest_and_rest(row_shift(x, residual, residual_io, row * N, N), s.mean);
         mean[row] = split.nearest;
         rstd[row] = inverse_sqrt(s.variance() + eps);
         mean_rest[row] = split.rest;
@@ -993,7 +1016,8 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
 template <bool CENTERED, typename T, typename P, typename IO>
 void launch_merge_stats(const FwdParams<T, P, IO>& p, DeviceInfo dev, cudaStream_t stream) {
   launch_kernel(norm_merge_stats_kernel<T, CENTERED, IO>, warp_per_row_grid(p.M, dev), kMergeThreads,
-                stream, p.partial, p.x, p.residual, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
+                stream, p.partial, p.x, p.residual, p.residual_io, p.M, p.N, p.chunks, p.eps,
+                p.mean, p.rstd,
                 p.mean_rest);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1005,6 +1029,7 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
   FwdParams<T, P, IO> p{};
   p.x = a.x;
   p.residual = a.residual;
+  p.residual_io = a.residual_io;
   p.weight = a.weight;
   p.bias = a.bias;
   p.y = a.y;
@@ -1055,7 +1080,8 @@ void norm_fwd_impl(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev
   if (a.M == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
                           is_16b_aligned(a.weight) && is_16b_aligned(a.bias) &&
-                          is_16b_aligned(a.residual) && is_16b_aligned(a.sum);
+                          is_16b_aligned(a.residual) && is_16b_aligned(a.residual_io) &&
+                          is_16b_aligned(a.sum);
   if (vectorized) {
     run_fwd<T, P, kVec<T>, FwdVecTable<T, P>, CENTERED>(a, ws, dev, stream);
   } else {

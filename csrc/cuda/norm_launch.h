@@ -69,6 +69,9 @@ struct NormFwdArgs {
   double eps;
   const T* residual = nullptr;
   T* sum = nullptr;
+  // IO != T only, instead of residual: a residual of the input's 16-bit type (widened on
+  // load; the sum is T).
+  const IO* residual_io = nullptr;
 };
 
 // Norm backward: dx always; dweight when dweight != nullptr (needs weight), dbias when

@@ -4,7 +4,7 @@
 // stdin, one per line:
 //
 //   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters[=K]]
-//            [rms] [res | resmis] [outlier] [far] [wide]
+//            [rms] [res | resmis] [outlier] [far] [wide] [narrow]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -27,7 +27,8 @@
 // reference's xhat use the exact mean, against which a float32 or float64 backward without
 // it is off by thousands of the bound's units); wide (T f16 or bf16, P f32): a float32
 // residual stream, the kernels' float instantiation with T's x, y and dy (NormFwdArgs' IO):
-// the residual, the sum, the backward's x, grad_sum and dx are float32. Prints
+// the residual, the sum, the backward's x, grad_sum and dx are float32; narrow (with wide
+// and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io). Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
 // the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>:
 // why" per line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned
@@ -92,9 +93,11 @@ struct Case {
   bool centered = true;  // LayerNorm; false: RMSNorm
   bool residual = false;  // forward residual / backward grad_sum
   int r_misalign = 0;     // bytes: the residual's / grad_sum's start (else x_misalign's)
+  int s_misalign = 0;     // bytes: the sum's start (r_misalign's, but for narrow)
   bool outlier = false;   // one of each row's first three values far from the rest
   bool far = false;       // rows many times their scale from zero
   bool wide = false;      // a float32 sum beside T's x, y, dy (the IO type)
+  bool narrow = false;    // wide: the residual of IO's type
 };
 
 // A buffer of n values of T, starting `misalign` bytes past a 256-byte boundary, from
@@ -204,15 +207,17 @@ std::string run_fwd(const Case& c) {
   const bool has_b = c.affine == "wb" || c.affine == "b";
   Buffer x = upload<IO>(d.x, c.x_misalign);
   Buffer w = upload<P>(d.w, c.p_misalign), b = upload<P>(d.b, c.p_misalign);
-  Buffer res = upload<T>(c.residual ? d.r : std::vector<double>(1), c.r_misalign);
+  const std::vector<double> r_values =
+      c.narrow ? rounded<IO>(d.r) : c.residual ? d.r : std::vector<double>(1);
+  Buffer res = c.narrow ? upload<IO>(r_values, c.r_misalign) : upload<T>(r_values, c.r_misalign);
   Buffer y = Buffer::make(d.x.size() * sizeof(IO));
-  Buffer sum = Buffer::make(std::max<std::size_t>(d.r.size(), 1) * sizeof(T), std::size_t(c.r_misalign));
+  Buffer sum = Buffer::make(std::max<std::size_t>(d.r.size(), 1) * sizeof(T), std::size_t(c.s_misalign));
   Buffer mean = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
   Buffer rstd = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
   NormFwdArgs<T, P, IO> a{x.as<IO>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
                       y.as<IO>(), c.centered ? mean.as<acc_t>() : nullptr, rstd.as<acc_t>(),
-                      c.M, c.N, 1e-5, c.residual ? res.as<T>() : nullptr,
-                      c.residual ? sum.as<T>() : nullptr};
+                      c.M, c.N, 1e-5, c.residual && !c.narrow ? res.as<T>() : nullptr,
+                      c.residual ? sum.as<T>() : nullptr, c.narrow ? res.as<IO>() : nullptr};
   GuardedWorkspace ws;
   if (c.centered) {
     norm_fwd_impl<true>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
@@ -225,7 +230,7 @@ std::string run_fwd(const Case& c) {
   // float64 reference, on s = x + residual rounded to T (exact in double, then one rounding)
   std::vector<double> s_ref = d.x;
   if (c.residual) {
-    for (std::size_t i = 0; i < s_ref.size(); ++i) s_ref[i] = d.x[i] + d.r[i];
+    for (std::size_t i = 0; i < s_ref.size(); ++i) s_ref[i] = d.x[i] + r_values[i];
     s_ref = rounded<T>(s_ref);
   }
   std::vector<double> ref_y(d.x.size()), ref_mean(std::size_t(c.M)), ref_rstd(std::size_t(c.M));
@@ -390,6 +395,8 @@ int main() {
         c.far = true;
       } else if (extra == "wide") {
         c.wide = true;
+      } else if (extra == "narrow") {
+        c.narrow = true;
       } else if (extra == "resmis") {
         c.residual = true;
         c.r_misalign = -1;  // one element of T, set below
@@ -398,15 +405,20 @@ int main() {
       }
     }
     if (c.residual) {
-      const int elem = c.t == "f64" ? 8 : c.t == "f32" || c.wide ? 4 : 2;
+      const bool wide_r = c.wide && !c.narrow, moved = c.r_misalign < 0;
+      const int elem = c.t == "f64" ? 8 : c.t == "f32" || wide_r ? 4 : 2;
       // Placed like x, element for element (wide: x's 2-byte elements, the residual's 4).
-      const int like_x = c.wide ? c.x_misalign * 2 % 16 : c.x_misalign;
-      c.r_misalign = c.r_misalign < 0 ? (like_x + elem) % 16 : like_x;
+      const int like_x = wide_r ? c.x_misalign * 2 % 16 : c.x_misalign;
+      c.r_misalign = moved ? (like_x + elem) % 16 : like_x;
+      // The sum: the residual's place, or (narrow: a float sum beside a 16-bit residual)
+      // the float residual's.
+      c.s_misalign = c.narrow ? (c.x_misalign * 2 + (moved ? 4 : 0)) % 16 : c.r_misalign;
     }
     const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b");
     const bool bad_outlier = (c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd")) ||
                              (c.far && !c.centered) ||
-                             (c.wide && c.pass == "fwd" && !c.residual);
+                             (c.wide && c.pass == "fwd" && !c.residual) ||
+                             (c.narrow && (!c.wide || !c.residual || c.pass != "fwd"));
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
     emu::config().resident_clusters = resident_clusters;
