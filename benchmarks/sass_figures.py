@@ -2,7 +2,9 @@
 read from the compiled library's machine code (cuobjdump, no GPU needed): SASS instructions
 per element for every forward and backward bucket of LayerNorm and RMSNorm, each input and
 parameter dtype, vector (16-byte packs) and one-element layout, clustered or not. The
-residual is a runtime pointer of the same kernels (no path of its own), so it has no row.
+residual is a runtime pointer of the same kernels (no path of its own), so it has no row; a
+float32 residual stream's kernels (float math, 16-bit x, y and dy) have rows of their own
+(io_dtype).
 
 Definition (also written into the results file):
   instructions     the static SASS instruction count of the kernel instantiation (every
@@ -52,16 +54,23 @@ def figures(kernels: dict) -> list[dict]:
         rows.append({
             "arch": k.arch, "pass": rk.direction,
             "kind": "layer_norm" if rk.centered else "rms_norm",
-            "dtype": rk.dtype, "param_dtype": rk.param,
+            "dtype": rk.dtype, "param_dtype": rk.param, "io_dtype": rk.io,
             "layout": "pack" if rk.vectorized else "scalar", "cluster": rk.cluster,
             "tpr": rk.tpr, "items": rk.items, "vec": rk.vec,
             "row_elements": rk.tpr * elements,
             "instructions": instructions, "elements_per_thread": elements,
             "instr_per_elem": round(instructions / elements, 2), "registers": k.regs,
         })
-    order = ("arch", "pass", "kind", "dtype", "param_dtype", "layout", "cluster", "row_elements")
+    order = ("arch", "pass", "kind", "dtype", "io_dtype", "param_dtype", "layout", "cluster",
+             "row_elements")
     rows.sort(key=lambda r: tuple(r[f] for f in order))
     return rows
+
+
+def _dtype_cell(row: dict) -> str:
+    """The math's dtype; a float32 residual stream's kernels also name their x/y/dy dtype."""
+    io = row.get("io_dtype", row["dtype"])
+    return row["dtype"] if io == row["dtype"] else f"{row['dtype']} ({io} x, y, dy)"
 
 
 def markdown(result: dict) -> str:
@@ -74,7 +83,7 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|--:|--:|--:|--:|"]
     for r in result["rows"]:
         lines.append(
-            f"| {r['arch']} | {r['pass']} | {r['kind']} | {r['dtype']} | {r['param_dtype']} | "
+            f"| {r['arch']} | {r['pass']} | {r['kind']} | {_dtype_cell(r)} | {r['param_dtype']} | "
             f"{r['layout']} | {'yes' if r['cluster'] else 'no'} | {r['tpr']} x {r['items']} | "
             f"{r['row_elements']} | {r['instructions']} | {r['instr_per_elem']:.2f} | "
             f"{r['registers']} |")

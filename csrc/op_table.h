@@ -32,6 +32,7 @@ using Tensor = const at::Tensor&;
 using Opt = const OptTensor&;
 using Shape = c10::SymIntArrayRef;
 using Str = c10::string_view;
+using OptDtype = std::optional<at::ScalarType>;
 
 }  // namespace fusednorm::op_table
 
@@ -53,18 +54,22 @@ using Str = c10::string_view;
     "rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps,"          \
     " bool zero_centered_weight=False) -> (Tensor out, Tensor rstd)",                        \
     Tensor2(Tensor, Shape, Opt, std::optional<double>, bool), 1)                             \
-  /* s = input + residual (input's dtype), then LayerNorm / RMSNorm of s, in one pass over  \
-     memory: (norm(s), s, statistics); norm(s) and s are differentiable. */                 \
+  /* s = input + residual, then LayerNorm / RMSNorm of s, in one pass over memory:        \
+     (norm(s), s, statistics); norm(s) and s are differentiable. residual_dtype None: s in  \
+     the input's dtype, residual of the input's dtype; float32: s formed, kept and returned \
+     in float32 (float64 for a float64 input: never narrower than the input), residual of  \
+     the input's dtype or s's; out stays in the input's dtype. */                           \
   X(add_layer_norm,                                                                          \
     "add_layer_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
-    " Tensor? bias, float eps, bool zero_centered_weight=False)"                             \
+    " Tensor? bias, float eps, bool zero_centered_weight=False,"                             \
+    " ScalarType? residual_dtype=None)"                                                      \
     " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                                \
-    Tensor4(Tensor, Tensor, Shape, Opt, Opt, double, bool), 2)                               \
+    Tensor4(Tensor, Tensor, Shape, Opt, Opt, double, bool, OptDtype), 2)                     \
   X(add_rms_norm,                                                                            \
     "add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
-    " float? eps, bool zero_centered_weight=False)"                                          \
+    " float? eps, bool zero_centered_weight=False, ScalarType? residual_dtype=None)"         \
     " -> (Tensor out, Tensor sum, Tensor rstd)",                                             \
-    Tensor3(Tensor, Tensor, Shape, Opt, std::optional<double>, bool), 2)                     \
+    Tensor3(Tensor, Tensor, Shape, Opt, std::optional<double>, bool, OptDtype), 2)           \
   /* gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre = \
      input @ weight1.T + bias1 as [M, hidden] rows (not differentiable). */                 \
   X(gelu_ffn,                                                                                \
@@ -82,14 +87,19 @@ using Str = c10::string_view;
 #define FUSEDNORM_BACKEND_OPS(X)                                                             \
   /* The norm family over the rows of a contiguous [M, N] input: LayerNorm (centered) or    \
      RMSNorm (not centered: no mean, no bias), normalizing input + residual when a residual \
-     is given. sum = input + residual in the input's dtype ([0] without a residual); mean   \
-     ([M]; [0] for RMSNorm) and rstd ([M]) are float32 (float64 for a float64 input). */     \
+     is given. sum = input + residual in sum_dtype ([0] without a residual): the input's    \
+     dtype (None), or float32 beside a float16/bfloat16 input, the residual being of either \
+     dtype; mean ([M]; [0] for RMSNorm) and rstd ([M]) are float32 (float64 for a float64   \
+     input); out has the input's dtype. */                                                  \
   X(norm_fwd,                                                                                \
     "norm_fwd(Tensor input, Tensor? residual, Tensor? weight, Tensor? bias, float eps,"      \
-    " bool centered) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                 \
-    Tensor4(Tensor, Opt, Opt, Opt, double, bool))                                            \
+    " bool centered, ScalarType? sum_dtype=None)"                                            \
+    " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                                \
+    Tensor4(Tensor, Opt, Opt, Opt, double, bool, OptDtype))                                  \
   /* input is what was normalized (the sum, with a residual); grad_sum, the gradient of the \
-     sum output, is added to grad_input. grad_weight / grad_bias are [N] in the parameter's \
+     sum output, is added to grad_input (input's dtype). grad_out has the input's dtype, or \
+     is float16/bfloat16 beside a float32 input (a float32 sum of norm_fwd's sum_dtype);    \
+     parameters follow grad_out's dtype. grad_weight / grad_bias are [N] in the parameter's \
      dtype, or empty ([0]) when that parameter is None; their reduction over rows is        \
      deterministic. */                                                                      \
   X(norm_bwd,                                                                                \

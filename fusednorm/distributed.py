@@ -207,8 +207,8 @@ def _register_all() -> None:
     # Public ops (their Autograd kernel runs first, then DTensor sees the op itself).
     _register(O.layer_norm.default, 1, _norm_rules("layer_norm", "xss", "x.pp..", 1))
     _register(O.rms_norm.default, 1, _norm_rules("rms_norm", "xs", "x.p..", 1))
-    _register(O.add_layer_norm.default, 2, _norm_rules("add_layer_norm", "xxss", "xx.pp..", 2))
-    _register(O.add_rms_norm.default, 2, _norm_rules("add_rms_norm", "xxs", "xx.p..", 2))
+    _register(O.add_layer_norm.default, 2, _norm_rules("add_layer_norm", "xxss", "xx.pp...", 2))
+    _register(O.add_rms_norm.default, 2, _norm_rules("add_rms_norm", "xxs", "xx.p...", 2))
     _register(O.gelu_ffn.default, 5, _gelu_ffn_rules)
     DTensor._op_dispatcher._custom_op_handlers[O.layer_norm_gelu_ffn.default] = _layer_norm_gelu_ffn
     # Backend ops that the C++ backward nodes call on [M, N] rows (the forward's backend

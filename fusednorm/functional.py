@@ -90,8 +90,46 @@ def _check_flag(fn: str, zero_centered_weight) -> None:
                              f"{type(zero_centered_weight).__name__}")
 
 
+def _sum_dtype(fn: str, input: torch.Tensor, residual_dtype) -> torch.dtype:
+    """The add ops' sum dtype for residual_dtype: None, the input's; torch.float32, the
+    computation type (float32, float64 for float64 input: never narrower than the input)."""
+    if residual_dtype is None:
+        return input.dtype
+    if not isinstance(residual_dtype, torch.dtype):
+        raise FusedTypeError(f"{fn}: residual_dtype must be None or torch.float32, got "
+                             f"{type(residual_dtype).__name__}")
+    if residual_dtype != torch.float32:
+        raise FusedTypeError(
+            f"{fn}: residual_dtype must be None or torch.float32, got {residual_dtype}")
+    return _param_dtype_for(input)
+
+
+def _check_residual(fn, input, residual, residual_dtype) -> None:
+    if not isinstance(residual, torch.Tensor):
+        raise FusedTypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
+    if residual.shape != input.shape:
+        raise FusedValueError(f"{fn}: residual must have the input's shape "
+                              f"{list(input.shape)}, got {list(residual.shape)}")
+    if residual.device != input.device:
+        raise FusedValueError(
+            f"{fn}: residual is on {residual.device} but input is on {input.device}")
+    sum_dtype = _sum_dtype(fn, input, residual_dtype)
+    if sum_dtype == input.dtype and residual.dtype != input.dtype:
+        hint = (" (residual_dtype=torch.float32 takes a float32 residual)"
+                if residual.dtype == torch.float32 and input.dtype in _REDUCED else "")
+        raise FusedTypeError(f"{fn}: residual must have the input's dtype ({input.dtype}), "
+                             f"got {residual.dtype}{hint}")
+    if residual.dtype not in (input.dtype, sum_dtype):
+        raise FusedTypeError(f"{fn}: residual must have the input's dtype ({input.dtype}) or "
+                             f"residual_dtype's ({sum_dtype}), got {residual.dtype}")
+
+
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
 def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
-                     residual=None, has_residual=False, zero_centered_weight=False) -> None:
+                     residual=None, has_residual=False, zero_centered_weight=False,
+                     residual_dtype=None) -> None:
     """The norm family's checks (eps None: RMSNorm's default), with the residual's. With
     zero_centered_weight, weight and bias may have any float dtype (they are widened)."""
     _check_flag(fn, zero_centered_weight)
@@ -101,17 +139,7 @@ def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
                         and p.dtype in _FLOAT_DTYPES else p for p in (weight, bias))
     _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
     if has_residual:
-        if not isinstance(residual, torch.Tensor):
-            raise FusedTypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
-        if residual.shape != input.shape:
-            raise FusedValueError(f"{fn}: residual must have the input's shape "
-                                  f"{list(input.shape)}, got {list(residual.shape)}")
-        if residual.device != input.device:
-            raise FusedValueError(
-                f"{fn}: residual is on {residual.device} but input is on {input.device}")
-        if residual.dtype != input.dtype:
-            raise FusedTypeError(f"{fn}: residual must have the input's dtype ({input.dtype}), "
-                                 f"got {residual.dtype}")
+        _check_residual(fn, input, residual, residual_dtype)
 
 
 def _autocast_to_fp32(input, weight, bias):
@@ -227,15 +255,15 @@ def _check_rms_norm_call(input, normalized_shape, weight, eps,
 
 
 def _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps,
-                               zero_centered_weight=False) -> None:
+                               zero_centered_weight=False, residual_dtype=None) -> None:
     _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
-                     residual, True, zero_centered_weight)
+                     residual, True, zero_centered_weight, residual_dtype)
 
 
 def _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps,
-                             zero_centered_weight=False) -> None:
+                             zero_centered_weight=False, residual_dtype=None) -> None:
     _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
-                     residual, True, zero_centered_weight)
+                     residual, True, zero_centered_weight, residual_dtype)
 
 
 def _reference_layer_norm(input, normalized_shape, weight, bias, eps,
@@ -286,26 +314,39 @@ def add_layer_norm(
     eps: float = 1e-5,
     *,
     zero_centered_weight: bool = False,
+    residual_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(layer_norm(s, normalized_shape, weight, bias, eps), s) with s = input + residual in
     the input's dtype: the pre-norm residual step of a transformer, in one pass over memory
     (reads input and residual once, writes both outputs once). Both are differentiable.
-    zero_centered_weight as layer_norm's."""
+    zero_centered_weight as layer_norm's.
+
+    residual_dtype=torch.float32 keeps the residual stream in float32: s is formed (one
+    rounding), returned and normalized in float32 (float64 for float64 input), the output
+    stays in the input's dtype; residual may then be float32 or of the input's dtype."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    args = (input, residual, normalized_shape, weight, bias, eps, zero_centered_weight)
+    args = (input, residual, normalized_shape, weight, bias, eps, zero_centered_weight,
+            residual_dtype)
     return _call("add_layer_norm", args, 2, _check_add_layer_norm_call, "norm_fwd",
                  _unfused_add_layer_norm)
 
 
+def _residual_sum(input, residual, residual_dtype):
+    """The fallback's s = input + residual in residual_dtype's sum dtype, one rounding."""
+    dtype = _sum_dtype("fusednorm", input, residual_dtype)
+    return input.to(dtype) + residual.to(dtype) if dtype != input.dtype else input + residual
+
+
 def _unfused_add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
-                            zero_centered_weight=False):
+                            zero_centered_weight=False, residual_dtype=None):
     _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps,
-                               zero_centered_weight)
+                               zero_centered_weight, residual_dtype)
     _warn_fallback(input.device.type, "input + residual, then layer_norm (two passes)")
-    total = input + residual
-    return layer_norm(total, normalized_shape, weight, bias, eps,
-                      zero_centered_weight=zero_centered_weight), total
+    total = _residual_sum(input, residual, residual_dtype)
+    out = layer_norm(total, normalized_shape, weight, bias, eps,
+                     zero_centered_weight=zero_centered_weight)
+    return out.to(input.dtype), total
 
 
 def add_rms_norm(
@@ -316,25 +357,27 @@ def add_rms_norm(
     eps: float | None = None,
     *,
     zero_centered_weight: bool = False,
+    residual_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(s, normalized_shape, weight, eps), s) with s = input + residual in the
     input's dtype, in one pass over memory; both outputs differentiable.
-    zero_centered_weight as rms_norm's."""
+    zero_centered_weight as rms_norm's, residual_dtype as add_layer_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    args = (input, residual, normalized_shape, weight, eps, zero_centered_weight)
+    args = (input, residual, normalized_shape, weight, eps, zero_centered_weight, residual_dtype)
     return _call("add_rms_norm", args, 2, _check_add_rms_norm_call, "norm_fwd",
                  _unfused_add_rms_norm)
 
 
 def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps,
-                          zero_centered_weight=False):
+                          zero_centered_weight=False, residual_dtype=None):
     _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps,
-                             zero_centered_weight)
+                             zero_centered_weight, residual_dtype)
     _warn_fallback(input.device.type, "input + residual, then rms_norm (two passes)")
-    total = input + residual
-    return rms_norm(total, normalized_shape, weight, eps,
-                    zero_centered_weight=zero_centered_weight), total
+    total = _residual_sum(input, residual, residual_dtype)
+    out = rms_norm(total, normalized_shape, weight, eps,
+                   zero_centered_weight=zero_centered_weight)
+    return out.to(input.dtype), total
 
 
 _FLAG_AT.update({fn.__name__: list(inspect.signature(fn).parameters).index("zero_centered_weight")

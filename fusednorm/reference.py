@@ -68,17 +68,31 @@ def rms_norm(
     return y if upcast else y.to(input.dtype)
 
 
+def residual_sum(input, residual, residual_dtype=None):
+    """input + residual in the input's dtype (as eager) for residual_dtype=None; for
+    torch.float32 in float32 (float64 for float64 input), rounded once from the exact sum."""
+    if residual_dtype is None:
+        return input + residual
+    dtype = torch.float64 if input.dtype == torch.float64 else residual_dtype
+    return input.to(dtype) + residual.to(dtype)
+
+
 def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
-                   upcast=True):
-    """(layer_norm(s), s) with s = input + residual in the input's dtype (as eager)."""
-    s = input + residual
-    return layer_norm(s, normalized_shape, weight, bias, eps, upcast), s
+                   upcast=True, residual_dtype=None):
+    """(layer_norm(s), s) with s = residual_sum(input, residual, residual_dtype); without
+    upcast, layer_norm(s) is rounded to the input's dtype."""
+    s = residual_sum(input, residual, residual_dtype)
+    out = layer_norm(s, normalized_shape, weight, bias, eps, upcast)
+    return (out if upcast else out.to(input.dtype)), s
 
 
-def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, upcast=True):
-    """(rms_norm(s), s) with s = input + residual in the input's dtype (as eager)."""
-    s = input + residual
-    return rms_norm(s, normalized_shape, weight, eps, upcast), s
+def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, upcast=True,
+                 residual_dtype=None):
+    """(rms_norm(s), s) with s = residual_sum(input, residual, residual_dtype); without
+    upcast, rms_norm(s) is rounded to the input's dtype."""
+    s = residual_sum(input, residual, residual_dtype)
+    out = rms_norm(s, normalized_shape, weight, eps, upcast)
+    return (out if upcast else out.to(input.dtype)), s
 
 
 def gelu_ffn(

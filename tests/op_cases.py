@@ -62,6 +62,11 @@ OPS = {
         ("x", "r", "w", "b"),
         lambda x, r, w, b: fusednorm.add_layer_norm(x, r, (D,), w, b, zero_centered_weight=True),
         lambda x, r, w, b: (_layer_norm(x + r, 1 + w, b), x + r)),
+    # residual_dtype=torch.float32: the sum in float32, float64 for float64 input.
+    "add_rms_norm_residual_fp32": (
+        ("x", "r", "w"),
+        lambda x, r, w: fusednorm.add_rms_norm(x, r, (D,), w, 1e-6, residual_dtype=torch.float32),
+        lambda x, r, w: (_rms_norm(x + r, w), x + r)),
     "gelu_ffn": (("x", "w1", "b1", "w2", "b2"),
                  lambda *a: (fusednorm.gelu_ffn(*a),),
                  lambda *a: (_ffn(*a),)),

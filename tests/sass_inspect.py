@@ -97,14 +97,14 @@ def read_kernels(library: str, cuobjdump: str) -> dict[tuple[str, str], Kernel]:
 
 
 # Template arguments of the norm-family row kernels in their mangled names:
-# norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED> (CENTERED: LayerNorm;
-# not: RMSNorm).
+# norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO> (CENTERED: LayerNorm;
+# not: RMSNorm; IO: the type of x, y and dy, T's or 16-bit beside a float T).
 _ELEMENT = {"N3c104HalfE": "float16", "N3c108BFloat16E": "bfloat16", "f": "float32", "d": "float64"}
 # The parameter type P follows T: "f" (float beside a 16-bit T), or T again (a "d", an "f", or
 # a substitution "S<n>_" of T's name).
 _ROW_KERNEL = re.compile(
     r"\dnorm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d)(S[0-9A-Z]*_|f|d)?.*?"
-    r"Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?E"
+    r"Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?(N3c104HalfE|N3c108BFloat16E|S[0-9A-Z]*_|f|d)?E"
 )
 
 
@@ -118,6 +118,7 @@ class RowKernel:
     cluster: bool = False  # the thread-block-cluster instantiation (long rows, sm_90+)
     centered: bool = True  # LayerNorm; False: RMSNorm
     param: str = ""  # dtype of weight/bias: x's, or "float32" beside a 16-bit x
+    io: str = ""  # dtype of x, y and dy: dtype's, or 16-bit beside a float32 sum
 
     @property
     def block(self) -> int:
@@ -133,10 +134,10 @@ def row_kernel(name: str) -> RowKernel | None:
     m = _ROW_KERNEL.search(name)
     if m is None:
         return None
-    direction, element, param, vec, tpr, items, cluster, centered = m.groups()
+    direction, element, param, vec, tpr, items, cluster, centered, io = m.groups()
     dtype = _ELEMENT[element]
     return RowKernel(direction, dtype, int(vec), int(tpr), int(items), cluster == "1",
-                     centered != "0", _ELEMENT.get(param, dtype))
+                     centered != "0", _ELEMENT.get(param, dtype), _ELEMENT.get(io, dtype))
 
 
 # Launch block sizes of the other kernels (csrc/cuda/norm_config.cuh, and the constants next to

@@ -99,6 +99,11 @@ def ops(rank: int, world: int) -> None:
                            dict(input=x(1), residual=x(2), w=w, b=b)),
         "add_rms_norm": (lambda input, residual, w: fusednorm.add_rms_norm(input, residual, (D,), w),
                          dict(input=x(1), residual=x(2), w=w)),
+        # residual_dtype reaches DTensor's rule as one more argument
+        "add_rms_norm residual_dtype": (
+            lambda input, residual, w: fusednorm.add_rms_norm(input, residual, (D,), w,
+                                                              residual_dtype=torch.float32),
+            dict(input=x(1), residual=x(2), w=w)),
     }
     for name, (fn, inputs) in norms.items():
         sharded = [k for k in ("input", "residual") if k in inputs]

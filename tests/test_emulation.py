@@ -267,6 +267,32 @@ def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
     check_ok_with_cluster_launches(harness, cases)
 
 
+# A float32 residual stream (residual_dtype) beside 16-bit inputs: the float kernels with
+# 16-bit x, y and dy (the harness's `wide`); the residual, sum, backward x, grad_sum and dx
+# float32. Its buckets are float32's.
+WIDE_PAIRS = [("f16", "f32"), ("bf16", "f32")]
+
+
+@pytest.mark.parametrize("variant", ["res wide", "rms res wide"])
+@pytest.mark.parametrize("t, p", WIDE_PAIRS, ids=[f"{t}-{p}" for t, p in WIDE_PAIRS])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_emulated_float32_residual_stream(harness, pass_, t, p, variant):
+    """Every path (16-byte and one-element buckets, a misaligned residual, chunked rows, the
+    clustered launch) of the float32 sum beside 16-bit inputs against float64, the sum
+    exactly; the forward also with a residual of the input's dtype (read as such), the
+    backward also without a grad_sum (only the output's gradient)."""
+    lines = family_cases(pass_, t, p, variant)
+    if pass_ == "bwd":
+        lines += [line.replace(" res wide", " wide") for line in lines[:4]]
+    else:  # a residual of the input's 16-bit dtype (the first layer's), read as such
+        lines += family_cases(pass_, t, p, variant + " narrow")
+    check_all_ok(harness, lines)
+    big = largest_row(pass_, "f32", True)
+    flags = [variant] + ([variant + " narrow"] if pass_ == "fwd" else [])
+    check_ok_with_cluster_launches(
+        harness, [(f"{pass_} {t} {p} 3 {2 * big} w 0 0 shuffle 2 clusters {f}", 1) for f in flags])
+
+
 def outlier_cases(t, p):
     """(case line, expected clustered launches) of LayerNorm forwards whose rows each have
     one of their first three values 1000 times the row's scale from the rest (which one

@@ -45,8 +45,8 @@ def _calls(a):
     return {
         "layer_norm": ((x, (37,), w, b, 1e-5, False), ops.LAYER_NORM, 1),
         "rms_norm": ((x, [37], w, None, True), ops.RMS_NORM, 1),
-        "add_layer_norm": ((x, r, torch.Size([37]), w, b, 1e-5, True), ops.ADD_LAYER_NORM, 2),
-        "add_rms_norm": ((x, r, (37,), None, 1e-6, False), ops.ADD_RMS_NORM, 2),
+        "add_layer_norm": ((x, r, torch.Size([37]), w, b, 1e-5, True, None), ops.ADD_LAYER_NORM, 2),
+        "add_rms_norm": ((x, r, (37,), None, 1e-6, False, torch.float32), ops.ADD_RMS_NORM, 2),
         "gelu_ffn": ((x, w1, b1, w2, b2, "tanh"), ops.GELU_FFN, 1),
         "layer_norm_gelu_ffn": ((x, w, b, 1e-5, w1, None, w2, b2, "none"),
                                 ops.LAYER_NORM_GELU_FFN, 1),
@@ -165,7 +165,7 @@ def test_entry_takes_int_eps_and_parameters():
     lambda x: ops.FAST.layer_norm(x, (37,), torch.randn(36), None, 1e-5, True),
     lambda x: ops.FAST.layer_norm(x.to(torch.int32), (37,), None, None, 1e-5, False),
     lambda x: ops.FAST.rms_norm(x, (37,), None, -1.0, False),
-    lambda x: ops.FAST.add_layer_norm(x, x[:1], (37,), None, None, 1e-5, False),
+    lambda x: ops.FAST.add_layer_norm(x, x[:1], (37,), None, None, 1e-5, False, None),
     lambda x: ops.FAST.gelu_ffn(x, torch.randn(8, 37), None, torch.randn(37, 8), None, "erf"),
 ])
 def test_entry_declines_on_errors(call):
@@ -211,10 +211,14 @@ def test_functions_take_the_direct_entry(name, monkeypatch):
     monkeypatch.setattr(ops, op.__name__.split(".")[0].upper(), None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        # The norm functions take zero_centered_weight by keyword only.
-        zero_centered = args[-1] if isinstance(args[-1], bool) else None
-        got = (getattr(functional, name)(*args) if zero_centered is None else
-               getattr(functional, name)(*args[:-1], zero_centered_weight=zero_centered))
+        # The norm functions take zero_centered_weight (and the add ops residual_dtype) by
+        # keyword only.
+        keywords = {}
+        if name.startswith("add_"):
+            args, keywords["residual_dtype"] = args[:-1], args[-1]
+        if isinstance(args[-1], bool):
+            args, keywords["zero_centered_weight"] = args[:-1], args[-1]
+        got = getattr(functional, name)(*args, **keywords)
     got = got if isinstance(got, tuple) else (got,)
     for g, e in zip(got, expected):
         assert torch.equal(g, e)

@@ -69,6 +69,10 @@ def test_sass_inventory_has_every_row_kernel_path():
             for centered in (True, False)
         } - paths
         assert not missing, f"{arch}: no SASS for {sorted(missing)}"
+    # The float32 residual stream's kernels: float math, 16-bit x, y and dy.
+    wide = {(rk.direction, rk.io, rk.vectorized) for k, rk in row_kernels() if rk.io != rk.dtype}
+    assert wide == {(d, io, v) for d in ("fwd", "bwd") for io in ("float16", "bfloat16")
+                    for v in (True, False)}, sorted(wide)
     assert all(sum(k.ops.values()) > 0 for k, _ in row_kernels()), "kernels without instructions"
 
 
@@ -76,14 +80,15 @@ def test_sass_16bit_vector_kernels_have_no_2_byte_stores():
     bad = [
         (k.arch, k.name)
         for k, rk in row_kernels()
-        if rk.vectorized and rk.dtype in ("float16", "bfloat16") and k.ops["STG.E.U16"] > 0
+        if rk.vectorized and rk.io in ("float16", "bfloat16") and k.ops["STG.E.U16"] > 0
     ]
     assert not bad, f"2-byte global stores (STG.E.U16) in 16-bit vector kernels: {bad}"
 
 
 def test_sass_vector_kernels_store_16_bytes():
     """Every vector kernel writes its output packs with 128-bit stores: at least one per pack
-    a thread holds (ITEMS)."""
+    a thread holds (ITEMS); the float32 residual stream's forwards also their 16-bit y packs
+    of 8 bytes with 64-bit stores."""
     bad = []
     for k, rk in row_kernels():
         if not rk.vectorized:
@@ -91,6 +96,9 @@ def test_sass_vector_kernels_store_16_bytes():
         wide = sum(n for op, n in k.ops.items() if op.startswith("STG.E.128"))
         if wide < rk.items:
             bad.append((k.arch, rk, wide))
+        narrow_y = rk.direction == "fwd" and rk.io != rk.dtype
+        if narrow_y and sum(n for op, n in k.ops.items() if op.startswith("STG.E.64")) < rk.items:
+            bad.append((k.arch, rk, "64-bit stores"))
     assert not bad, f"vector kernels with fewer 128-bit stores (STG.E.128) than packs: {bad}"
 
 
@@ -143,10 +151,10 @@ def test_sass_figures_cover_every_bucket(tmp_path):
     from benchmarks import sass_figures
 
     rows = sass_figures.figures(kernels())
-    got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["param_dtype"],
-            r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
-    want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.param, rk.vec, rk.tpr, rk.items,
-             rk.cluster) for k, rk in row_kernels()}
+    got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["io_dtype"],
+            r["param_dtype"], r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
+    want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.io, rk.param, rk.vec, rk.tpr,
+             rk.items, rk.cluster) for k, rk in row_kernels()}
     assert got == want and len(rows) == len(want)
     for arch in {r["arch"] for r in rows}:
         paths = {(r["pass"], r["kind"], r["dtype"], r["param_dtype"], r["layout"])

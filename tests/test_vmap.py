@@ -15,10 +15,10 @@ from op_cases import OPS, op_args
 # The arguments that are row data (the rest are parameters), by op.
 DATA = {"layer_norm": 1, "rms_norm": 1, "add_layer_norm": 2, "add_rms_norm": 2,
         "rms_norm_zero_centered": 1, "add_layer_norm_zero_centered": 2,
-        "gelu_ffn": 1, "layer_norm_gelu_ffn": 1}
+        "add_rms_norm_residual_fp32": 2, "gelu_ffn": 1, "layer_norm_gelu_ffn": 1}
 # The FFN's GEMMs may block a batch of rows differently from one sample's: not bitwise.
 BITWISE = {"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
-           "rms_norm_zero_centered", "add_layer_norm_zero_centered"}
+           "rms_norm_zero_centered", "add_layer_norm_zero_centered", "add_rms_norm_residual_fp32"}
 
 
 @contextlib.contextmanager

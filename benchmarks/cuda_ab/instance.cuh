@@ -6,9 +6,9 @@
 
 #define FUSEDNORM_AB_REGISTER_(pass) register_##pass
 #define FUSEDNORM_AB_REGISTER_PASS(pass) FUSEDNORM_AB_REGISTER_(pass)
-#define FUSEDNORM_AB_REGISTER(tag, T, P)                                               \
+#define FUSEDNORM_AB_REGISTER(tag, T, P, IO)                                           \
   FUSEDNORM_NORM_ONLY_##tag(ab::FUSEDNORM_AB_REGISTER_PASS(FUSEDNORM_NORM_PASS)<       \
-                            FUSEDNORM_NORM_CENTERED, T, P>();)
+                            FUSEDNORM_NORM_CENTERED, T, P, IO>();)
 
 namespace fusednorm::cuda {
 namespace {

@@ -58,18 +58,23 @@ void bwd_entry(const BwdPtrs& p, Workspace& ws, DeviceInfo dev, cudaStream_t str
   norm_bwd_cuda<CENTERED>(a, ws, dev, stream);
 }
 
-// One per pass, so that an instance file instantiates only its own pass's kernels.
-template <bool CENTERED, typename T, typename P>
+// One per pass, so that an instance file instantiates only its own pass's kernels. Only the
+// rows of FUSEDNORM_CUDA_NORM_DTYPES whose x has T's type (IO = T) are timed.
+template <bool CENTERED, typename T, typename P, typename IO>
 bool register_fwd() {
-  fwd_entries()[{CENTERED, c10::CppTypeToScalarType<T>::value,
-                 c10::CppTypeToScalarType<P>::value}] = &fwd_entry<CENTERED, T, P>;
+  if constexpr (std::is_same_v<T, IO>) {
+    fwd_entries()[{CENTERED, c10::CppTypeToScalarType<T>::value,
+                   c10::CppTypeToScalarType<P>::value}] = &fwd_entry<CENTERED, T, P>;
+  }
   return true;
 }
 
-template <bool CENTERED, typename T, typename P>
+template <bool CENTERED, typename T, typename P, typename IO>
 bool register_bwd() {
-  bwd_entries()[{CENTERED, c10::CppTypeToScalarType<T>::value,
-                 c10::CppTypeToScalarType<P>::value}] = &bwd_entry<CENTERED, T, P>;
+  if constexpr (std::is_same_v<T, IO>) {
+    bwd_entries()[{CENTERED, c10::CppTypeToScalarType<T>::value,
+                   c10::CppTypeToScalarType<P>::value}] = &bwd_entry<CENTERED, T, P>;
+  }
   return true;
 }
 

@@ -72,6 +72,12 @@ inline void check_rows(const at::Tensor& t, const char* name) {
   check_floating_input(t, name);
 }
 
+// The one rule for the dtype of a residual stream's sum beside the input it is added to:
+// the input's, or float32 beside a float16/bfloat16 input (residual_dtype=torch.float32).
+inline bool sum_dtype_allowed(at::ScalarType input, at::ScalarType sum) {
+  return sum == input || (sum == at::kFloat && is_reduced_float(input));
+}
+
 // Saved statistics: [M] of float32 (float64 for a float64 input).
 inline at::ScalarType stats_dtype(at::ScalarType input) {
   return input == at::kDouble ? at::kDouble : at::kFloat;
@@ -87,26 +93,41 @@ inline void check_stats(const at::Tensor& stat, const char* name, const at::Tens
 }
 
 
-// A tensor that must match input exactly: shape, dtype, device, contiguous rows.
-inline void check_like_input(const at::Tensor& t, const char* name, const at::Tensor& input) {
-  TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(),
+// A tensor that must match input exactly: shape, dtype (input's, or `dtype`), device,
+// contiguous rows.
+inline void check_like_input(const at::Tensor& t, const char* name, const at::Tensor& input,
+                             std::optional<at::ScalarType> dtype = std::nullopt) {
+  const at::ScalarType want = dtype.value_or(input.scalar_type());
+  TORCH_CHECK(t.sizes() == input.sizes() && (t.scalar_type() == input.scalar_type() ||
+                                             t.scalar_type() == want),
               "fusednorm: ", name, " must match input (", input.sizes(), ", ",
-              input.scalar_type(), "), got ", t.sizes(), ", ", t.scalar_type());
+              input.scalar_type(), want != input.scalar_type() ? " or " : "",
+              want != input.scalar_type() ? c10::toString(want) : "", "), got ", t.sizes(),
+              ", ", t.scalar_type());
   TORCH_CHECK(t.device() == input.device(), "fusednorm: ", name, " is on ", t.device(),
               " but input is on ", input.device());
   TORCH_CHECK(t.is_contiguous(), "fusednorm: ", name, " must be contiguous");
 }
 
 // norm_fwd: LayerNorm (centered) or RMSNorm (no mean, no bias), with an optional residual.
+// sum_dtype: the sum's (sum_dtype_allowed; only with a residual), which the residual may
+// have too.
 inline void check_norm_fwd_args(const at::Tensor& input, const std::optional<at::Tensor>& residual,
                                 const std::optional<at::Tensor>& weight,
                                 const std::optional<at::Tensor>& bias, double eps,
-                                bool centered) {
+                                bool centered,
+                                std::optional<at::ScalarType> sum_dtype = std::nullopt) {
   check_rows(input, "input");
   TORCH_CHECK(eps >= 0.0, "fusednorm: eps must be >= 0, got ", eps);
   check_params(weight, bias, input);
   TORCH_CHECK(centered || !given(bias), "fusednorm: RMSNorm (centered=False) takes no bias");
-  if (given(residual)) check_like_input(*residual, "residual", input);
+  if (sum_dtype.has_value() && *sum_dtype != input.scalar_type()) {
+    TORCH_CHECK(sum_dtype_allowed(input.scalar_type(), *sum_dtype),
+                "fusednorm: sum_dtype must be the input's dtype or float32 beside a "
+                "float16/bfloat16 input, got ", *sum_dtype, " beside ", input.scalar_type());
+    TORCH_CHECK(given(residual), "fusednorm: sum_dtype needs a residual");
+  }
+  if (given(residual)) check_like_input(*residual, "residual", input, sum_dtype);
 }
 
 inline void check_norm_bwd_args(const at::Tensor& grad_out,
@@ -115,11 +136,20 @@ inline void check_norm_bwd_args(const at::Tensor& grad_out,
                                 const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
                                 const std::optional<at::Tensor>& bias, bool centered) {
   check_rows(input, "input");
-  check_like_input(grad_out, "grad_out", input);
+  // grad_out has the norm output's dtype: the input's, or 16-bit beside a float32 sum
+  // (residual_dtype); the parameters follow it.
+  check_rows(grad_out, "grad_out");
+  TORCH_CHECK(grad_out.sizes() == input.sizes() &&
+                  sum_dtype_allowed(grad_out.scalar_type(), input.scalar_type()),
+              "fusednorm: grad_out must match input (", input.sizes(), ", ", input.scalar_type(),
+              ", or float16/bfloat16 beside a float32 input), got ", grad_out.sizes(), ", ",
+              grad_out.scalar_type());
+  TORCH_CHECK(grad_out.device() == input.device(), "fusednorm: grad_out is on ",
+              grad_out.device(), " but input is on ", input.device());
   if (given(grad_sum)) check_like_input(*grad_sum, "grad_sum", input);
   if (centered) check_stats(mean, "mean", input);
   check_stats(rstd, "rstd", input);
-  check_params(weight, bias, input);
+  check_params(weight, bias, grad_out);
   TORCH_CHECK(centered || !given(bias), "fusednorm: RMSNorm (centered=False) takes no bias");
 }
 

@@ -100,30 +100,55 @@ void dispatch_norm_flags(bool centered, bool has_weight, bool has_bias, Fn&& fn)
   });
 }
 
+// Calls fn(T{}, S{}): the C++ type of the input and of the sum (the input's, or float beside
+// a float16/bfloat16 input: sum_dtype_allowed).
+template <typename Fn>
+void dispatch_input_and_sum(at::ScalarType input, at::ScalarType sum, Fn&& fn) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input, "fusednorm", [&] {
+    if constexpr (kIsReducedFloat<scalar_t>) {
+      if (sum == at::kFloat) return fn(scalar_t{}, float{});
+    }
+    return fn(scalar_t{}, scalar_t{});
+  });
+}
+
 Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTensor& weight,
-                 const OptTensor& bias, double eps, bool centered) {
-  check_norm_fwd_args(input, residual, weight, bias, eps, centered);
+                 const OptTensor& bias, double eps, bool centered,
+                 std::optional<at::ScalarType> sum_dtype) {
+  check_norm_fwd_args(input, residual, weight, bias, eps, centered, sum_dtype);
   const int64_t M = input.size(0), N = input.size(1);
+  const at::ScalarType sum_type = sum_dtype.value_or(input.scalar_type());
   Tensor4 result;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "norm_fwd", [&] {
-    using T = scalar_t;
+  dispatch_input_and_sum(input.scalar_type(), sum_type, [&](auto input_tag, auto sum_tag) {
+    using T = decltype(input_tag);
+    using S = decltype(sum_tag);
     using acc_t = acc_type<T>;
     // Scratch before the outputs (see thread_scratch).
     const ParamsInAcc<acc_t> params = params_in_acc_type<T, acc_t>(weight, bias, N);
     at::Tensor out = at::empty_like(input);
-    at::Tensor sum = given(residual) ? at::empty_like(input) : at::empty({0}, input.options());
+    at::Tensor sum = given(residual) ? at::empty_like(input, input.options().dtype(sum_type))
+                                     : at::empty({0}, input.options());
     const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
     at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
     at::Tensor rstd = at::empty({M}, stats_options);
     result = {out, sum, mean, rstd};
     if (M == 0) return;
-    const NormFwdArgs<T, acc_t> args{
-        input.const_data_ptr<T>(),  data_or_null<T>(residual),
-        params.weight,              params.bias,
-        out.mutable_data_ptr<T>(),  data_or_null<T>(sum),
-        data_or_null<acc_t>(mean),  rstd.mutable_data_ptr<acc_t>(),
-        M,                          N,
-        static_cast<acc_t>(eps),    params_finite<T, acc_t>(params.weight, params.bias, N)};
+    // The residual is read as T or as S, whichever dtype it has.
+    const bool residual_in_t = given(residual) && residual->scalar_type() == input.scalar_type();
+    const NormFwdArgs<T, acc_t, S> args{
+        input.const_data_ptr<T>(),
+        residual_in_t ? residual->const_data_ptr<T>() : nullptr,
+        given(residual) && !residual_in_t ? residual->const_data_ptr<S>() : nullptr,
+        params.weight,
+        params.bias,
+        out.mutable_data_ptr<T>(),
+        data_or_null<S>(sum),
+        data_or_null<acc_t>(mean),
+        rstd.mutable_data_ptr<acc_t>(),
+        M,
+        N,
+        static_cast<acc_t>(eps),
+        params_finite<T, acc_t>(params.weight, params.bias, N)};
     dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
       norm_fwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(args);
     });
@@ -140,15 +165,23 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
   const int64_t blocks = param_grads && M > 0 ? num_row_blocks(M, N) : 0;
   ScratchHandle own_partials;
   at::Tensor grad_input, grad_weight, grad_bias;
+  // T: the input's (and dx's) type; D: dy's, the norm output's (T's, or 16-bit beside a
+  // float32 sum); the parameters follow D.
+  const bool wide_input = input.scalar_type() != grad_out.scalar_type();
   dispatch_input_and_param(
-      input.scalar_type(), param_dtype(weight, bias, input), [&](auto input_tag, auto param_tag) {
-        using T = decltype(input_tag);
+      grad_out.scalar_type(), param_dtype(weight, bias, grad_out), [&](auto dy_tag, auto param_tag) {
+       dispatch_bool(wide_input, [&](auto wide) {
+        using D = decltype(dy_tag);
+        using T = std::conditional_t<decltype(wide)::value, float, D>;
         using P = decltype(param_tag);
         using acc_t = acc_type<T>;
+        if constexpr (decltype(wide)::value && !kIsReducedFloat<D>) {
+          return;  // refused by check_norm_bwd_args
+        } else {
         // Scratch before the outputs (see thread_scratch).
         const int64_t part_count = blocks * N;
         acc_t* scratch = thread_scratch<acc_t>((centered ? 2 : 1) * part_count, own_partials);
-        const ParamsInAcc<acc_t> params = params_in_acc_type<T, acc_t>(weight, std::nullopt, N);
+        const ParamsInAcc<acc_t> params = params_in_acc_type<D, acc_t>(weight, std::nullopt, N);
         grad_input = at::empty_like(input);
         acc_t* partial_w = scratch;
         acc_t* partial_b = centered ? scratch + part_count : nullptr;
@@ -156,8 +189,8 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
             given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
         grad_bias = given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
         if (M > 0) {
-          const NormBwdArgs<T, acc_t> args{
-              grad_out.const_data_ptr<T>(), data_or_null<T>(grad_sum),
+          const NormBwdArgs<T, acc_t, D> args{
+              grad_out.const_data_ptr<D>(), data_or_null<T>(grad_sum),
               input.const_data_ptr<T>(),    centered ? mean.const_data_ptr<acc_t>() : nullptr,
               rstd.const_data_ptr<acc_t>(), params.weight,
               grad_input.mutable_data_ptr<T>(), M, N,
@@ -178,6 +211,8 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
           sum_partials<acc_t, P>(partial_b, blocks, N,
                                  grad_bias.mutable_data_ptr<P>());
         }
+        }
+       });
       });
   return {grad_input, grad_weight, grad_bias};
 }

@@ -283,8 +283,9 @@ C10_ALWAYS_INLINE void normalize_block(const T* x, const acc_t* weight, const ac
 // block included. A function of its own with everything passed by value: a lambda
 // capturing by reference had the compiler reload the row constants after every store
 // (they might alias y). next_a, next_b (may be null): rows of the same length to prefetch.
-template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream>
-void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
+template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream,
+          typename X>
+void normalize_vectorized(const X* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
                           acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
                           const acc_t* __restrict__ bias, const T* next_a, const T* next_b,
                           StagedTileStream* staged) {
@@ -297,7 +298,7 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
     if (next_a != nullptr) prefetch_block<T, acc_t>(next_a + i);
     if (next_b != nullptr) prefetch_block<T, acc_t>(next_b + i);
     Vec lo, hi;
-    normalize_block<T, acc_t, kWeight, kBias, false>(x, weight, bias, i, W, vshift, vmean,
+    normalize_block<X, acc_t, kWeight, kBias, false>(x, weight, bias, i, W, vshift, vmean,
                                                      vrstd, lo, hi);
     if constexpr (kStream) {
       IO::template store_streaming<kNoNaN>(y + i, lo, hi);
@@ -312,7 +313,7 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
   if (next_b != nullptr) prefetch_last_columns(next_b + N, N - vec_end);
   if (vec_end < N) {
     Vec lo, hi;
-    normalize_block<T, acc_t, kWeight, kBias, true>(x, weight, bias, vec_end, N - vec_end,
+    normalize_block<X, acc_t, kWeight, kBias, true>(x, weight, bias, vec_end, N - vec_end,
                                                     vshift, vmean, vrstd, lo, hi);
     store_partial<kNoNaN>(y + vec_end, N - vec_end, lo, hi);
   }
@@ -322,9 +323,10 @@ void normalize_vectorized(const T* __restrict__ x, T* __restrict__ y, int64_t N,
 // shift = mean = 0 for RMSNorm): one rounding to T at the store. no_nan: the row's outputs
 // are known not to be NaN (row_output_has_no_nan), so bfloat16 rounds without a NaN mask.
 // next_a and next_b (either may be null) are prefetched into L2 along the way; staged (may
-// be null): y is a staging buffer that it streams out to memory as it fills.
-template <typename T, typename acc_t, bool kWeight, bool kBias>
-void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
+// be null): y is a staging buffer that it streams out to memory as it fills. x is of T, or
+// (X = float beside a float16/bfloat16 T) a float32 sum row.
+template <typename T, typename acc_t, bool kWeight, bool kBias, typename X>
+void normalize_row(const X* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
                    const acc_t* weight, const acc_t* bias, bool stream, bool no_nan,
                    const T* next_a = nullptr, const T* next_b = nullptr,
                    StagedTileStream* staged = nullptr) {
@@ -341,42 +343,48 @@ void normalize_row(const T* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t r
   });
 }
 
-// s = a + b over one row, rounded to T (the sum in the input's dtype, as eager a + b).
-template <typename T, typename acc_t>
-void add_row(const T* a, const T* b, T* s, int64_t N) {
-  using IO = VecIO<T, acc_t>;
+// s = a + b over one row, added in acc_t and rounded once to S (the sum in the input's
+// dtype, as eager a + b; or in float32 beside 16-bit a, b of either dtype).
+template <typename A, typename B, typename S, typename acc_t>
+void add_row(const A* a, const B* b, S* s, int64_t N) {
+  constexpr int64_t W = VecIO<A, acc_t>::kWidth;
+  static_assert(VecIO<B, acc_t>::kWidth == W && VecIO<S, acc_t>::kWidth == W);
   using Vec = Vectorized<acc_t>;
-  const int64_t vec_end = N - N % IO::kWidth;
-  for (int64_t i = 0; i < vec_end; i += IO::kWidth) {
+  const int64_t vec_end = N - N % W;
+  for (int64_t i = 0; i < vec_end; i += W) {
     Vec alo, ahi, blo, bhi;
-    IO::load(a + i, alo, ahi);
-    IO::load(b + i, blo, bhi);
-    IO::store(s + i, alo + blo, ahi + bhi);
+    VecIO<A, acc_t>::load(a + i, alo, ahi);
+    VecIO<B, acc_t>::load(b + i, blo, bhi);
+    VecIO<S, acc_t>::store(s + i, alo + blo, ahi + bhi);
   }
   if (vec_end < N) {  // the last columns as one partial block: no scalar conversions
     const int64_t count = N - vec_end;
     Vec alo, ahi, blo, bhi;
-    load_partial<T, acc_t>(a + vec_end, count, alo, ahi);
-    load_partial<T, acc_t>(b + vec_end, count, blo, bhi);
+    load_partial<A, acc_t>(a + vec_end, count, alo, ahi);
+    load_partial<B, acc_t>(b + vec_end, count, blo, bhi);
     store_partial<false>(s + vec_end, count, alo + blo, ahi + bhi);
   }
 }
 
 // Pointers of one forward call; residual / sum null without a residual, mean null for
-// RMSNorm, weight / bias null when absent.
-template <typename T, typename acc_t>
+// RMSNorm, weight / bias null when absent. S: the sum's type, T's or float beside a 16-bit
+// T (residual_dtype); the residual is either residual (of T) or residual_s (of S).
+template <typename T, typename acc_t, typename S = T>
 struct NormFwdArgs {
   const T* x;
   const T* residual;
+  const S* residual_s;
   const acc_t* weight;
   const acc_t* bias;
   T* y;
-  T* sum;
+  S* sum;
   acc_t* mean;
   acc_t* rstd;
   int64_t M, N;
   acc_t eps;
   bool params_finite;  // weight and bias (where given) have no NaN or infinity
+
+  bool has_residual() const { return residual != nullptr || residual_s != nullptr; }
 };
 
 // Whether the forward asks for the row kAhead rows on while it computes one (see there).
@@ -418,18 +426,21 @@ RowMoments<acc_t> row_moments(const T* x, int64_t N, acc_t eps, const T* prefetc
   return m;
 }
 
-template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias>
-void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kBias, typename S>
+void norm_fwd_rows(const NormFwdArgs<T, acc_t, S>& a) {
   const int64_t N = a.N;
-  // Traffic: x and y (and the residual and the sum).
+  const bool residual = a.has_residual();
+  // Traffic: x and y (and the residual and the sum, each counted at the sum's width).
   const int64_t bytes = a.M * N * int64_t(sizeof(T));
-  const bool stream = use_streaming_stores(a.y, bytes, (a.residual != nullptr ? 4 : 2) * bytes);
+  const int64_t sum_bytes = a.M * N * int64_t(sizeof(S));
+  const bool stream =
+      use_streaming_stores(a.y, bytes, 2 * bytes + (residual ? 2 * sum_bytes : 0));
   const OutputPath path = output_path(stream, a.y, N, 1);
   // The sum is computed into a staging buffer, streamed out from there and normalized from
   // there: plain stores of it made every line read before written, and the streaming and
   // plain stores mixed (docs/perf-notes.md, "Code comments: norm_fwd_rows: the staged sum").
-  const bool stage_sum = a.residual != nullptr && stream &&
-                         N * int64_t(sizeof(T)) <= kStageBytes && pages_resident(a.sum, bytes);
+  const bool stage_sum = residual && stream && N * int64_t(sizeof(S)) <= kStageBytes &&
+                         pages_resident(a.sum, sum_bytes);
   // Rows ask for a later row's inputs while one computes from cache, so that memory does not
   // idle (forward_prefetches): float16/bfloat16 rows, rows with a residual, and float32/float64
   // rows of 8-16 KiB; shorter float32 rows already keep memory busy and lose to the extra
@@ -439,18 +450,18 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
   // next: short rows asked for the next one too late. Figures: docs/perf-notes.md, "Code
   // comments: norm_fwd_rows: kAhead".
   constexpr int64_t kAhead = 2;
-  const bool prefetches = forward_prefetches<T>(N, a.residual != nullptr);
-  const bool statistics_ahead = !kCentered && sizeof(T) == 2 && a.residual == nullptr &&
+  const bool prefetches = forward_prefetches<T>(N, residual);
+  const bool statistics_ahead = !kCentered && sizeof(T) == 2 && !residual &&
                                 N * int64_t(sizeof(T)) <= 8 * 1024;
   parallel_chunks(a.M, row_grain(N), [&](int64_t begin, int64_t end) {
     alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
     alignas(kCacheLine) char sum_stage[kStageBytes];
     // Row `row` of base to prefetch, or null (no prefetch, no such tensor or row).
-    auto ahead = [&](const T* base, int64_t row) -> const T* {
+    auto ahead = [&](const auto* base, int64_t row) -> decltype(base) {
       return prefetches && base != nullptr && row < end ? base + row * N : nullptr;
     };
-    // Writes a row's statistics and normalizes x (its input, or the sum) into y.
-    auto normalize = [&](int64_t row, const T* x, const RowMoments<acc_t>& m,
+    // Writes a row's statistics and normalizes x (its input, or the sum: of T or S) into y.
+    auto normalize = [&](int64_t row, const auto* x, const RowMoments<acc_t>& m,
                          const T* next_a, const T* next_b) {
       const auto [mean, rest] = nearest_and_rest(m.shift, m.mean);
       if constexpr (kCentered) a.mean[row] = mean;
@@ -490,16 +501,33 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t>& a) {
     } else {
       for (int64_t row = begin; row < end; ++row) {
         const T* xr = a.x + row * N;
-        if (a.residual != nullptr) {  // normalize the sum, read back from cache
-          T* sr = stage_sum ? reinterpret_cast<T*>(sum_stage) : a.sum + row * N;
-          add_row<T, acc_t>(xr, a.residual + row * N, sr, N);
-          if (stage_sum) stream_copy(a.sum + row * N, sr, N * int64_t(sizeof(T)));
-          xr = sr;
-        }
         const T* next_x = ahead(a.x, row + kAhead);
+        if (residual) {  // normalize the sum, read back from cache
+          S* sr = stage_sum ? reinterpret_cast<S*>(sum_stage) : a.sum + row * N;
+          if (a.residual != nullptr) {
+            add_row<T, T, S, acc_t>(xr, a.residual + row * N, sr, N);
+          } else {
+            add_row<T, S, S, acc_t>(xr, a.residual_s + row * N, sr, N);
+            // A residual of S is asked for here, all its row at once: normalize_row's
+            // prefetches are of T's blocks.
+            if (const S* next_r = ahead(a.residual_s, row + kAhead)) {
+              prefetch_last_columns(next_r + N, N);
+            }
+          }
+          if (stage_sum) stream_copy(a.sum + row * N, sr, N * int64_t(sizeof(S)));
+          // The input's next row is asked for as without a residual where the sum has
+          // T's type; a float32 sum's statistics sweep asks for nothing (its prefetches
+          // are of the sum's blocks), so its normalize sweep asks for that row.
+          const bool during_stats = kCentered && std::is_same_v<S, T>;
+          const RowMoments<acc_t> m = row_moments<S, acc_t, kCentered>(
+              sr, N, a.eps, during_stats ? reinterpret_cast<const S*>(next_x) : nullptr);
+          normalize(row, static_cast<const S*>(sr), m, during_stats ? nullptr : next_x,
+                    ahead(a.residual, row + kAhead));
+          continue;
+        }
         const RowMoments<acc_t> m =
             row_moments<T, acc_t, kCentered>(xr, N, a.eps, kCentered ? next_x : nullptr);
-        normalize(row, xr, m, kCentered ? nullptr : next_x, ahead(a.residual, row + kAhead));
+        normalize(row, xr, m, kCentered ? nullptr : next_x, nullptr);
       }
     }
     if (stream) streaming_fence();
@@ -534,20 +562,21 @@ inline acc_t xhat_offset(acc_t mean, acc_t rstd, acc_t correction) {
 // Per-row sums of the backward: mean(g) (centered only) and mean(g * xhat), with
 //   xhat = (x - mean) * rstd (mean = 0 for RMSNorm),  g = dy * weight.
 // prefetch_dy (may be null): a row of dy to ask for along the way (norm_bwd_tile).
-template <typename T, typename acc_t, bool kCentered, bool kWeight>
-std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_t rstd,
-                                       const acc_t* weight, int64_t N, const T* prefetch_dy) {
+template <typename T, typename acc_t, bool kCentered, bool kWeight, typename D>
+std::pair<acc_t, acc_t> row_grad_means(const D* dy, const T* x, acc_t mean, acc_t rstd,
+                                       const acc_t* weight, int64_t N, const D* prefetch_dy) {
   using IO = VecIO<T, acc_t>;
+  using DyIO = VecIO<D, acc_t>;
   using ParamIO = VecIO<acc_t, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
-  static_assert(ParamIO::kWidth == W);
+  static_assert(ParamIO::kWidth == W && DyIO::kWidth == W);
   const int64_t vec_end = N - N % W;
   const Vec vmean(mean), vrstd(rstd), voffset(xhat_offset<T>(mean, rstd, acc_t(0)));
   // g and x of the kWidth columns from i (the function has no stores: captures stay in
   // registers).
   auto load_g_and_x = [&](int64_t i, Vec& glo, Vec& ghi, Vec& xlo, Vec& xhi) {
-    IO::load(dy + i, glo, ghi);
+    DyIO::load(dy + i, glo, ghi);
     IO::load(x + i, xlo, xhi);
     if constexpr (kWeight) {
       Vec wlo, whi;
@@ -558,7 +587,7 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   };
   Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
   for (int64_t i = 0; i < vec_end; i += W) {
-    if (prefetch_dy != nullptr) prefetch_block<T, acc_t>(prefetch_dy + i);
+    if (prefetch_dy != nullptr) prefetch_block<D, acc_t>(prefetch_dy + i);
     Vec dlo, dhi, xlo, xhi;
     load_g_and_x(i, dlo, dhi, xlo, xhi);
     if constexpr (kCentered) {
@@ -584,7 +613,7 @@ std::pair<acc_t, acc_t> row_grad_means(const T* dy, const T* x, acc_t mean, acc_
   } else if (vec_end < N) {  // a row shorter than a block: one zero-padded block
     const int64_t count = N - vec_end;
     Vec dlo, dhi, xlo, xhi;
-    load_partial<T, acc_t>(dy + vec_end, count, dlo, dhi);
+    load_partial<D, acc_t>(dy + vec_end, count, dlo, dhi);
     load_partial<T, acc_t>(x + vec_end, count, xlo, xhi);
     if constexpr (kWeight) {
       Vec wlo, whi;
@@ -689,10 +718,11 @@ static_assert(StagedTileStream::kMaxRows >= kRowTile);
 
 // Pointers of one backward call: x is what was normalized (the sum with a residual), mean
 // null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
-// partials null without parameter gradients.
-template <typename T, typename acc_t>
+// partials null without parameter gradients. D: dy's type, T's or float16/bfloat16 beside
+// a float32 T (a float32 sum of residual_dtype, whose norm output has the input's dtype).
+template <typename T, typename acc_t, typename D = T>
 struct NormBwdArgs {
-  const T* dy;
+  const D* dy;
   const T* dsum;
   const T* x;
   const acc_t* mean;
@@ -741,8 +771,8 @@ enum class Block { kFull, kTail, kShort };
 // streaming stores. The rows were just read by row_grad_means: this sweep is served from
 // cache.
 template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeight,
-          bool kParamGrads, bool kNoNaN, Block kBlock>
-C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int64_t row,
+          bool kParamGrads, bool kNoNaN, Block kBlock, typename D>
+C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
                                              const TileStats<acc_t>& s,
                                              T* dx_tile, acc_t* dweight_part,
                                              acc_t* dbias_part, int64_t i, int64_t count,
@@ -750,7 +780,7 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
   using Vec = Vectorized<acc_t>;
   constexpr bool kPartial = kBlock == Block::kShort;  // masked loads and stores
   const int64_t N = a.N;
-  const T* dy = a.dy + row * N + i;
+  const D* dy = a.dy + row * N + i;
   const T* x = a.x + row * N + i;
   const T* dsum = a.dsum ? a.dsum + row * N + i : nullptr;
   T* dx = dx_tile + i;
@@ -771,7 +801,7 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
   if (kBlock == Block::kFull && row + kAhead < a.M) {
     const int64_t next_rows = std::min(kRows, a.M - row - kAhead);
     for (int64_t r = kAhead; r < kAhead + next_rows; ++r) {
-      if (!stream) prefetch_block<T, acc_t>(dy + r * N);
+      if (!stream) prefetch_block<D, acc_t>(dy + r * N);
       prefetch_block<T, acc_t>(x + r * N);
       if (dsum != nullptr) prefetch_block<T, acc_t>(dsum + r * N);
     }
@@ -843,14 +873,14 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t>& a, int
 // a run-time count the compiler kept them on the stack (docs/perf-notes.md, "Code comments:
 // norm_bwd_tile_columns").
 template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeight,
-          bool kParamGrads, bool kNoNaN>
-void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
+          bool kParamGrads, bool kNoNaN, typename D>
+void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
                            const TileStats<acc_t>& s, T* dx_tile, acc_t* dweight_part,
                            acc_t* dbias_part, bool stream, StagedTileStream* staged) {
   constexpr int64_t W = VecIO<T, acc_t>::kWidth;
   // Local copies: through the references, every vector store (which may alias anything)
   // made the compiler reload the pointers and row constants.
-  const NormBwdArgs<T, acc_t> args = a;
+  const NormBwdArgs<T, acc_t, D> args = a;
   const TileStats<acc_t> stats = s;
   const int64_t vec_end = args.N - args.N % W;
   // The tail first, so that no load of the partials meets a store to the same lines still
@@ -878,8 +908,9 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t>& a, int64_t row,
 }
 
 // One backward tile: the row sums of row_grad_means, then dx and the partials.
-template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
-void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads,
+          typename D>
+void norm_bwd_tile(const NormBwdArgs<T, acc_t, D>& a, int64_t row, int64_t rows,
                    acc_t* dweight_part, acc_t* dbias_part, OutputPath path) {
   const int64_t N = a.N;
   TileStats<acc_t> s;
@@ -897,7 +928,7 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) {
     s.mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
     s.rstd[r] = a.rstd[row + r];
-    const T* prefetch_dy = path == OutputPath::kStream && row + r + ahead < a.M
+    const D* prefetch_dy = path == OutputPath::kStream && row + r + ahead < a.M
                                ? a.dy + (row + r + ahead) * N
                                : nullptr;
     const T* x = a.x + (row + r) * N;
@@ -945,8 +976,9 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t>& a, int64_t row, int64_t rows,
 
 // dx for all rows, and (kParamGrads) the [blocks, N] dweight/dbias partials of the row
 // blocks of num_row_blocks(M, N), for sum_partials to add up.
-template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads>
-void norm_bwd_rows(const NormBwdArgs<T, acc_t>& a, acc_t* partial_w, acc_t* partial_b,
+template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads,
+          typename D>
+void norm_bwd_rows(const NormBwdArgs<T, acc_t, D>& a, acc_t* partial_w, acc_t* partial_b,
                    int64_t blocks) {
   const int64_t M = a.M, N = a.N;
   // dx is written once and read by the next layer's backward much later.

@@ -50,7 +50,18 @@ __device__ __forceinline__ void store_global_16b(void* p, const uint4& v) {
 #endif
 }
 
-// Packs of 16 bytes or a multiple go out as 16-byte stores; narrower ones (VEC = 1) as one T.
+// The same for 8 bytes (a pack of four 16-bit outputs beside float math: NormFwdArgs' IO).
+__device__ __forceinline__ void store_global_8b(void* p, const uint2& v) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::check_aligned(p, 8);
+  *reinterpret_cast<uint2*>(p) = v;
+#else
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y));
+#endif
+}
+
+// Packs of 16 bytes or a multiple go out as 16-byte stores, packs of several elements in 8
+// bytes as one 8-byte store; narrower ones (VEC = 1) as one T.
 template <int VEC, typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
   if constexpr (sizeof(Pack<T, VEC>) % 16 == 0) {
@@ -59,6 +70,8 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
     for (int w = 0; w < int(sizeof(Pack<T, VEC>) / 16); ++w) {
       store_global_16b(reinterpret_cast<uint4*>(p) + w, words[w]);
     }
+  } else if constexpr (VEC > 1 && sizeof(Pack<T, VEC>) == 8) {
+    store_global_8b(p, *reinterpret_cast<const uint2*>(&pack));
   } else {
 #ifdef FUSEDNORM_EMULATION
     ::emu::check_aligned(p, alignof(Pack<T, VEC>));

@@ -57,18 +57,39 @@ DeviceInfo device_info(const at::Tensor& t) {
 }
 
 // The kernels' entry for an argument struct: LayerNorm's (centered) or RMSNorm's.
-template <typename T, typename P>
-void launch(const NormFwdArgs<T, P>& args, bool centered, Workspace& ws, DeviceInfo dev,
+template <typename T, typename P, typename IO>
+void launch(const NormFwdArgs<T, P, IO>& args, bool centered, Workspace& ws, DeviceInfo dev,
             cudaStream_t stream) {
   if (centered) return norm_fwd_cuda<true>(args, ws, dev, stream);
   norm_fwd_cuda<false>(args, ws, dev, stream);
 }
 
-template <typename T, typename P>
-void launch(const NormBwdArgs<T, P>& args, bool centered, Workspace& ws, DeviceInfo dev,
+template <typename T, typename P, typename IO>
+void launch(const NormBwdArgs<T, P, IO>& args, bool centered, Workspace& ws, DeviceInfo dev,
             cudaStream_t stream) {
   if (centered) return norm_bwd_cuda<true>(args, ws, dev, stream);
   norm_bwd_cuda<false>(args, ws, dev, stream);
+}
+
+// A float32 residual stream beside 16-bit inputs (sum_dtype; grad_out of a float32 sum): the
+// kernels' float instantiations with the input's type for x, y and dy (NormFwdArgs' IO).
+// They take float parameters: 16-bit ones are widened here (N values), and their gradients
+// rounded once back; a residual of either dtype.
+std::optional<at::Tensor> widened(const std::optional<at::Tensor>& t) {
+  if (!present(t) || t->scalar_type() == at::kFloat) return t;
+  return t->to(at::kFloat);
+}
+
+template <typename MakeArgs>
+void launch_float_sum(const at::Tensor& io, bool centered, const MakeArgs& make_args) {
+  TensorWorkspace workspace(io);
+  const DeviceInfo dev = device_info(io);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (io.scalar_type() == at::kHalf) {
+    launch(make_args(c10::Half{}), centered, workspace, dev, stream);
+  } else {
+    launch(make_args(c10::BFloat16{}), centered, workspace, dev, stream);
+  }
 }
 
 // Launches the kernels on the argument struct make_args(T{}, P{}) makes for the C++ types
@@ -92,17 +113,34 @@ void launch_typed(const at::Tensor& input, const std::optional<at::Tensor>& weig
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
     const at::Tensor& input, const std::optional<at::Tensor>& residual,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
-    bool centered) {
+    bool centered, std::optional<at::ScalarType> sum_dtype) {
   check_on_cuda(input, "input");
-  check_norm_fwd_args(input, residual, weight, bias, eps, centered);
+  check_norm_fwd_args(input, residual, weight, bias, eps, centered, sum_dtype);
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   const int64_t M = input.size(0), N = input.size(1);
+  const at::ScalarType sum_type = sum_dtype.value_or(input.scalar_type());
   at::Tensor out = at::empty_like(input);
-  at::Tensor sum = present(residual) ? at::empty_like(input) : at::empty({0}, input.options());
+  at::Tensor sum = present(residual) ? at::empty_like(input, input.options().dtype(sum_type))
+                                     : at::empty({0}, input.options());
   const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
   at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
   at::Tensor rstd = at::empty({M}, stats_options);
   if (M == 0) return {out, sum, mean, rstd};
+
+  if (sum_type != input.scalar_type()) {
+    const auto w = widened(weight), b = widened(bias);
+    const bool wide_residual = residual->scalar_type() == at::kFloat;
+    launch_float_sum(input, centered, [&](auto io_tag) {
+      using IO = decltype(io_tag);
+      return NormFwdArgs<float, float, IO>{
+          input.const_data_ptr<IO>(), data_or_null<float>(w), data_or_null<float>(b),
+          out.mutable_data_ptr<IO>(), out_or_null<float>(mean), rstd.mutable_data_ptr<float>(),
+          M, N, eps, wide_residual ? residual->const_data_ptr<float>() : nullptr,
+          sum.mutable_data_ptr<float>(),
+          wide_residual ? nullptr : residual->const_data_ptr<IO>()};
+    });
+    return {out, sum, mean, rstd};
+  }
 
   launch_typed(input, weight, bias, centered, [&](auto input_tag, auto param_tag) {
     using T = decltype(input_tag);
@@ -139,6 +177,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
     return {grad_input, grad_weight, grad_bias};
   }
   if (N == 0) return {grad_input, grad_weight, grad_bias};
+
+  if (grad_out.scalar_type() != input.scalar_type()) {  // a float sum, 16-bit dy
+    const auto w = widened(weight);
+    at::Tensor gw = present(weight) ? at::empty({N}, input.options()) : grad_weight;
+    at::Tensor gb = present(bias) ? at::empty({N}, input.options()) : grad_bias;
+    launch_float_sum(grad_out, centered, [&](auto io_tag) {
+      using IO = decltype(io_tag);
+      return NormBwdArgs<float, float, IO>{
+          grad_out.const_data_ptr<IO>(),
+          input.const_data_ptr<float>(),
+          centered ? mean.const_data_ptr<float>() : nullptr,
+          rstd.const_data_ptr<float>(),
+          data_or_null<float>(w),
+          grad_input.mutable_data_ptr<float>(),
+          present(weight) ? gw.mutable_data_ptr<float>() : nullptr,
+          present(bias) ? gb.mutable_data_ptr<float>() : nullptr,
+          M,
+          N,
+          data_or_null<float>(grad_sum)};
+    });
+    if (present(weight)) grad_weight.copy_(gw);  // one rounding, to the weight's dtype
+    if (present(bias)) grad_bias.copy_(gb);
+    return {grad_input, grad_weight, grad_bias};
+  }
 
   launch_typed(input, weight, bias, centered, [&](auto input_tag, auto param_tag) {
     using T = decltype(input_tag);

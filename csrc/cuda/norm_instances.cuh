@@ -16,10 +16,10 @@
 #define FUSEDNORM_NORM_ARGS_(pass) FUSEDNORM_NORM_ARGS_##pass
 #define FUSEDNORM_NORM_ARGS(pass) FUSEDNORM_NORM_ARGS_(pass)
 
-#define FUSEDNORM_NORM_INSTANTIATE(tag, T, P)                                             \
+#define FUSEDNORM_NORM_INSTANTIATE(tag, T, P, IO)                                         \
   FUSEDNORM_NORM_ONLY_##tag(template void FUSEDNORM_NORM_ENTRY(FUSEDNORM_NORM_PASS)<      \
-                            FUSEDNORM_NORM_CENTERED, T, P>(                               \
-      const FUSEDNORM_NORM_ARGS(FUSEDNORM_NORM_PASS)<T, P>&, Workspace&, DeviceInfo,      \
+                            FUSEDNORM_NORM_CENTERED, T, P, IO>(                           \
+      const FUSEDNORM_NORM_ARGS(FUSEDNORM_NORM_PASS)<T, P, IO>&, Workspace&, DeviceInfo,  \
       cudaStream_t);)
 
 namespace fusednorm::cuda {

@@ -233,14 +233,16 @@ enum RowMode : int {
 // ---------------------------------------------------------------------------------------
 // Forward
 
-template <typename T, typename P>
+// IO: the type of x and y (T's, or 16-bit beside a float T: see NormFwdArgs).
+template <typename T, typename P, typename IO = T>
 struct FwdParams {
   using acc_t = acc_type_t<T>;
-  const T* x;
+  const IO* x;
   const T* residual;  // nullable: normalize s = x + residual (rounded to T)
+  const IO* residual_io;  // IO != T only, instead of residual: a residual of IO's type
   const P* weight;    // nullable
   const P* bias;      // nullable
-  T* y;
+  IO* y;
   T* sum;             // s, written when residual is set
   acc_t* mean;        // unused (null) when not CENTERED
   acc_t* rstd;
@@ -258,18 +260,58 @@ struct FwdParams {
 
 // Element i of what is normalized: x[i], or x[i] + residual[i] rounded to T (added in the
 // accumulator type, as the CPU kernels and eager `x + residual` do).
-template <typename T>
-__device__ __forceinline__ T normalized_input(const T* x, const T* residual, int64_t i) {
-  return residual != nullptr ? static_cast<T>(to_acc(x[i]) + to_acc(residual[i])) : x[i];
+template <typename T, typename IO>
+__device__ __forceinline__ T normalized_input(const IO* x, const T* residual,
+                                              const IO* residual_io, int64_t i) {
+  if (residual != nullptr) return static_cast<T>(to_acc(x[i]) + to_acc(residual[i]));
+  if constexpr (std::is_same_v<T, IO>) {
+    return x[i];
+  } else {
+    if (residual_io != nullptr) return static_cast<T>(to_acc(x[i]) + to_acc(residual_io[i]));
+    return static_cast<T>(to_acc(x[i]));
+  }
+}
+
+// A pack of IO as T (exact: IO is T or narrower).
+template <typename T, typename IO, int VEC>
+__device__ __forceinline__ Pack<T, VEC> pack_as(const Pack<IO, VEC>& in) {
+  if constexpr (std::is_same_v<T, IO>) {
+    return in;
+  } else {
+    Pack<T, VEC> out;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<T>(pack_acc(in, e));
+    return out;
+  }
+}
+
+// Whether the forward adds a residual, and its pack at `at` as T: of T, or (IO != T, the
+// float32 sum of 16-bit inputs) one of IO's type, widened on load. With IO = T only
+// `residual` exists.
+template <typename T, typename P, typename IO>
+__device__ __forceinline__ bool has_residual(const FwdParams<T, P, IO>& p) {
+  if constexpr (!std::is_same_v<T, IO>) {
+    if (p.residual_io != nullptr) return true;
+  }
+  return p.residual != nullptr;
+}
+
+template <int VEC, typename T, typename P, typename IO>
+__device__ __forceinline__ Pack<T, VEC> residual_pack(const FwdParams<T, P, IO>& p, int64_t at) {
+  if constexpr (!std::is_same_v<T, IO>) {
+    if (p.residual_io != nullptr) return pack_as<T>(load_pack<VEC>(p.residual_io + at));
+  }
+  return load_pack<VEC>(p.residual + at);
 }
 
 // The shift of a LayerNorm row of N > 0 values starting at row_start (median_of_three). The
 // same in every chunk of a row: all read the row's first values.
-template <typename T>
-__device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual,
-                                                   int64_t row_start, int64_t N) {
+template <typename T, typename IO>
+__device__ __forceinline__ acc_type_t<T> row_shift(const IO* x, const T* residual,
+                                                   const IO* residual_io, int64_t row_start,
+                                                   int64_t N) {
   return row_shift_of<acc_type_t<T>>(N, [&](int64_t i) {
-    return to_acc(normalized_input(x, residual, row_start + i));
+    return to_acc(normalized_input(x, residual, residual_io, row_start + i));
   });
 }
 
@@ -286,9 +328,9 @@ __device__ __forceinline__ acc_type_t<T> row_shift(const T* x, const T* residual
 // Not CENTERED (RMSNorm): shift = mean = 0, the statistic is the row's sum of squares
 // (row_sums / cluster_sums; one chain per thread, as a pack's elements are independent).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
-          bool CENTERED = true>
+          bool CENTERED = true, typename IO = T>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
-    norm_fwd_kernel(const FwdParams<T, P> p) {
+    norm_fwd_kernel(const FwdParams<T, P, IO> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
@@ -344,11 +386,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       for (int i = 0; i < ITEMS; ++i) {
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
-          xs[i] = load_pack<VEC>(p.x + first + i * kStride);
-          if (p.residual != nullptr) {
+          xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));
+          if (has_residual(p)) {
             // s = x + residual, rounded to T: the sum output, and what is normalized (its
             // rounded values, as the backward sees them).
-            const Pack<T, VEC> r = load_pack<VEC>(p.residual + first + i * kStride);
+            const Pack<T, VEC> r = residual_pack<VEC>(p, first + i * kStride);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
               xs[i].v[e] = static_cast<T>(pack_acc(xs[i], e) + pack_acc(r, e));
@@ -359,7 +401,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
         }
       }
       const acc_t shift = CENTERED && mode != kApply && row_ok && p.N > 0
-                              ? row_shift(p.x, p.residual, row_start, p.N)
+                              ? row_shift(p.x, p.residual, p.residual_io, row_start, p.N)
                               : acc_t(0);
       // y = ((x - mean) - mean_rest) * rstd (RMSNorm: x * rstd), computed as
       // fma(x - mean, rstd, -mean_rest * rstd): one operation fewer per element in a kernel
@@ -466,7 +508,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
           // Parameters wider than T (float beside 16-bit x) are taken 16 bytes at a time, so
           // that fewer parameter registers are live at once (8 instead of 16 per pack).
           constexpr int kSub = std::min<int>(VEC, 16 / int(sizeof(P)));
-          Pack<T, VEC> out;
+          Pack<IO, VEC> out;
 #pragma unroll
           for (int h = 0; h < VEC / kSub; ++h) {
             const int64_t at = col0 + tid * VEC + i * kStride + h * kSub;
@@ -486,23 +528,23 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
                 out.v[h * kSub + e] =
-                    static_cast<T>(fma_acc(xhat(h * kSub + e), pack_acc(w, e), pack_acc(b, e)));
+                    static_cast<IO>(fma_acc(xhat(h * kSub + e), pack_acc(w, e), pack_acc(b, e)));
               }
             } else if (p.weight != nullptr) {
               const Pack<P, kSub> w = param(p.weight, w_hoisted[kHoistParams ? i : 0]);
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
-                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) * pack_acc(w, e));
+                out.v[h * kSub + e] = static_cast<IO>(xhat(h * kSub + e) * pack_acc(w, e));
               }
             } else if (p.bias != nullptr) {
               const Pack<P, kSub> b = param(p.bias, b_hoisted[kHoistParams ? i : 0]);
 #pragma unroll
               for (int e = 0; e < kSub; ++e) {
-                out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e) + pack_acc(b, e));
+                out.v[h * kSub + e] = static_cast<IO>(xhat(h * kSub + e) + pack_acc(b, e));
               }
             } else {
 #pragma unroll
-              for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<T>(xhat(h * kSub + e));
+              for (int e = 0; e < kSub; ++e) out.v[h * kSub + e] = static_cast<IO>(xhat(h * kSub + e));
             }
           }
           store_pack<VEC>(p.y + first + i * kStride, out);
@@ -518,12 +560,12 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
 // tree over lanes) and writes mean, rstd and the mean's rest for the apply pass. A warp
 // per row. Not centered (RMSNorm): adds the chunks' sums of squares (the same fixed order)
 // and writes rstd only.
-template <typename T, bool CENTERED>
+template <typename T, bool CENTERED, typename IO = T>
 __global__ void __launch_bounds__(kMergeThreads)
-    norm_merge_stats_kernel(const acc_type_t<T>* partial, const T* x, const T* residual,
-                                  int64_t M, int64_t N, int64_t chunks, acc_type_t<T> eps,
-                                  acc_type_t<T>* mean, acc_type_t<T>* rstd,
-                                  acc_type_t<T>* mean_rest) {
+    norm_merge_stats_kernel(const acc_type_t<T>* partial, const IO* x, const T* residual,
+                            const IO* residual_io, int64_t M, int64_t N, int64_t chunks,
+                            acc_type_t<T> eps, acc_type_t<T>* mean, acc_type_t<T>* rstd,
+                            acc_type_t<T>* mean_rest) {
   using acc_t = acc_type_t<T>;
   constexpr int kRowsPerBlock = kMergeThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -547,7 +589,7 @@ __global__ void __launch_bounds__(kMergeThreads)
       s = warp_merge(s);
       if (lane == 0) {
         const NearestAndRest<acc_t> split =
-            nearest_and_rest(row_shift(x, residual, row * N, N), s.mean);
+            nearest_and_rest(row_shift(x, residual, residual_io, row * N, N), s.mean);
         mean[row] = split.nearest;
         rstd[row] = inverse_sqrt(s.variance() + eps);
         mean_rest[row] = split.rest;
@@ -581,10 +623,11 @@ __global__ void __launch_bounds__(kMergeThreads)
 template <bool CENTERED>
 constexpr int kBwdSums = CENTERED ? 3 : 2;
 
-template <typename T, typename P>
+// IO: dy's type (T's, or 16-bit beside a float T: see NormBwdArgs).
+template <typename T, typename P, typename IO = T>
 struct BwdParams {
   using acc_t = acc_type_t<T>;
-  const T* dy;
+  const IO* dy;
   const T* x;
   const acc_t* mean;
   const acc_t* rstd;
@@ -609,10 +652,10 @@ struct BwdParams {
 // bound, the 16-bit buckets with float parameters ran one block of 256 per multiprocessor.
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sums).
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
-          bool CENTERED = true>
+          bool CENTERED = true, typename IO = T>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
                                   (kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>))
-    norm_bwd_kernel(const BwdParams<T, P> p) {
+    norm_bwd_kernel(const BwdParams<T, P, IO> p) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   constexpr int kSums = kBwdSums<CENTERED>;
@@ -666,9 +709,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       const bool row_ok = row < p.M;
       const int64_t base = (row_ok ? row * p.N : 0) + col0;
       const T* x = p.x + base;
-      const T* dy = p.dy + base;
+      const IO* dy = p.dy + base;
 
-      Pack<T, VEC> xs[ITEMS], dys[ITEMS];
+      Pack<T, VEC> xs[ITEMS];
+      Pack<IO, VEC> dys[ITEMS];
       int valid = 0;
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
@@ -945,11 +989,11 @@ void launch_rows(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream)
 // The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
 // build allow it, with at most as many clusters as fit at once (resident_clusters); returns
 // whether it launched.
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-bool try_launch_fwd_cluster(const FwdParams<T, P>& p, dim3 grid, DeviceInfo dev,
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+bool try_launch_fwd_cluster(const FwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
+  constexpr auto kernel = norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>;
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks) return false;
   const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), dev.index, cache);
@@ -965,22 +1009,23 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
       std::clamp<int64_t>(ceil_div(M, kMergeThreads / kWarpSize), 1, int64_t(dev.sm_count) * 16));
 }
 
-template <bool CENTERED, typename T, typename P>
-void launch_merge_stats(const FwdParams<T, P>& p, DeviceInfo dev, cudaStream_t stream) {
-  launch_kernel(norm_merge_stats_kernel<T, CENTERED>, warp_per_row_grid(p.M, dev), kMergeThreads,
-                stream, p.partial, p.x, p.residual, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
+template <bool CENTERED, typename T, typename P, typename IO>
+void launch_merge_stats(const FwdParams<T, P, IO>& p, DeviceInfo dev, cudaStream_t stream) {
+  launch_kernel(norm_merge_stats_kernel<T, CENTERED, IO>, warp_per_row_grid(p.M, dev), kMergeThreads,
+                stream, p.partial, p.x, p.residual, p.residual_io, p.M, p.N, p.chunks, p.eps,
+                p.mean, p.rstd,
                 p.mean_rest);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table, bool CENTERED>
-void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
+template <typename T, typename P, int VEC, typename Table, bool CENTERED, typename IO>
+void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
   const int64_t last_chunk = a.N - (split.chunks - 1) * split.chunk;
-  FwdParams<T, P> p{
-      .x = a.x, .residual = a.residual, .weight = a.weight, .bias = a.bias, .y = a.y,
-      .sum = a.sum, .mean = a.mean, .rstd = a.rstd, .M = a.M, .N = a.N,
+  FwdParams<T, P, IO> p{
+      .x = a.x, .residual = a.residual, .residual_io = a.residual_io, .weight = a.weight,
+      .bias = a.bias, .y = a.y, .sum = a.sum, .mean = a.mean, .rstd = a.rstd, .M = a.M, .N = a.N,
       .chunk = split.chunk, .chunks = split.chunks,
       .inv_chunk = acc_t(1) / static_cast<acc_t>(std::max<int64_t>(split.chunk, 1)),
       .inv_last_chunk = last_chunk > 0 ? acc_t(1) / static_cast<acc_t>(last_chunk) : acc_t(0),
@@ -989,7 +1034,7 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    constexpr auto kernel = norm_fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED>;
+    constexpr auto kernel = norm_fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO>;
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     if (split.chunks == 1) {
@@ -1015,13 +1060,14 @@ void run_fwd(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStre
 
 // The forward of LayerNorm (CENTERED) or RMSNorm. Every pointer, the residual and the sum
 // included, must be 16-byte aligned for the 16-byte packs (null counts as aligned).
-template <bool CENTERED, typename T, typename P>
-void norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_fwd_impl(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   if (a.M == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.y) &&
                           is_16b_aligned(a.weight) && is_16b_aligned(a.bias) &&
-                          is_16b_aligned(a.residual) && is_16b_aligned(a.sum);
+                          is_16b_aligned(a.residual) && is_16b_aligned(a.residual_io) &&
+                          is_16b_aligned(a.sum);
   if (vectorized) {
     run_fwd<T, P, kVec<T>, FwdVecTable<T, P>, CENTERED>(a, ws, dev, stream);
   } else {
@@ -1032,23 +1078,23 @@ void norm_fwd_impl(const NormFwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
 // How many clusters of p.chunks blocks the chunked backward's clustered launch may use (as
 // try_launch_fwd_cluster), 0 where it cannot run in clusters. Asked before the launch: the
 // parameter-gradient partials take one row per block of grid.x.
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-int bwd_resident_clusters(const BwdParams<T, P>& p, dim3 grid, DeviceInfo dev) {
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+int bwd_resident_clusters(const BwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>;
+  constexpr auto kernel = norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>;
   if (grid.y != p.chunks) return 0;
   return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), dev.index, cache);
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED>
-void launch_bwd_cluster(const BwdParams<T, P>& p, dim3 grid, cudaStream_t stream) {
-  launch_cluster_kernel(norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED>, grid,
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+void launch_bwd_cluster(const BwdParams<T, P, IO>& p, dim3 grid, cudaStream_t stream) {
+  launch_cluster_kernel(norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>, grid,
                         RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <bool CENTERED, typename T, typename P>
-void launch_merge_sums(const BwdParams<T, P>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void launch_merge_sums(const BwdParams<T, P, IO>& p, acc_type_t<T>* row_coef, DeviceInfo dev,
                        cudaStream_t stream) {
   launch_kernel(norm_merge_sums_kernel<acc_type_t<T>, kBwdSums<CENTERED>>,
                 warp_per_row_grid(p.M, dev), kMergeThreads, stream, p.row_part, p.M, p.N, p.chunks,
@@ -1067,17 +1113,17 @@ void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table, bool CENTERED>
-void run_bwd(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
+template <typename T, typename P, int VEC, typename Table, bool CENTERED, typename IO>
+void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
   const RowSplit split = split_row<Table>(a.N, VEC);
-  BwdParams<T, P> p{.dy = a.dy, .x = a.x, .mean = a.mean, .rstd = a.rstd, .weight = a.weight,
-                    .grad_sum = a.grad_sum, .dx = a.dx, .M = a.M, .N = a.N,
-                    .chunk = split.chunk, .chunks = split.chunks};
+  BwdParams<T, P, IO> p{.dy = a.dy, .x = a.x, .mean = a.mean, .rstd = a.rstd,
+                        .weight = a.weight, .grad_sum = a.grad_sum, .dx = a.dx, .M = a.M,
+                        .N = a.N, .chunk = split.chunk, .chunks = split.chunks};
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    constexpr auto kernel = norm_bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED>;
+    constexpr auto kernel = norm_bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO>;
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     // Chunked rows run in one clustered launch where possible (see run_fwd: only the
@@ -1142,8 +1188,8 @@ constexpr bool adds_grad_sum() {
 }
 
 // The backward of LayerNorm (CENTERED) or RMSNorm (then a.mean and a.dbias are unused).
-template <bool CENTERED, typename T, typename P>
-void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_bwd_impl(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   // M == 0 (gradients are zeros) and N == 0 (nothing to compute) are settled by the caller.
   if (a.M == 0 || a.N == 0) return;
@@ -1165,14 +1211,14 @@ void norm_bwd_impl(const NormBwdArgs<T, P>& a, Workspace& ws, DeviceInfo dev,
 }  // namespace
 
 // The entries norm_launch.h declares, instantiated by norm_instances.cuh.
-template <bool CENTERED, typename T, typename P>
-void norm_fwd_cuda(const NormFwdArgs<T, P>& args, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_fwd_cuda(const NormFwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   norm_fwd_impl<CENTERED>(args, ws, dev, stream);
 }
 
-template <bool CENTERED, typename T, typename P>
-void norm_bwd_cuda(const NormBwdArgs<T, P>& args, Workspace& ws, DeviceInfo dev,
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_bwd_cuda(const NormBwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   norm_bwd_impl<CENTERED>(args, ws, dev, stream);
 }

@@ -17,16 +17,22 @@ namespace fusednorm::cuda {
 template <typename T>
 using acc_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// The (input, parameter) dtype pairs the kernels are compiled for, those that
-// dispatch_input_and_param (common/dispatch.h) gives: X(input's file tag, T, P). setup.py
-// makes one compiled file per tag (f32, f64, f16, bf16), kind and pass.
-#define FUSEDNORM_CUDA_NORM_DTYPES(X)   \
-  X(f32, float, float)                  \
-  X(f64, double, double)                \
-  X(f16, c10::Half, c10::Half)          \
-  X(f16, c10::Half, float)              \
-  X(bf16, c10::BFloat16, c10::BFloat16) \
-  X(bf16, c10::BFloat16, float)
+// The dtypes the kernels are compiled for: X(input's file tag, T, P, IO). T: what is
+// normalized (the input; the sum with a residual) and the backward's x and dx; P: the
+// parameters'; IO: the forward's x and y and the backward's dy. The pairs that
+// dispatch_input_and_param (common/dispatch.h) gives have IO = T; the last two are a float32
+// residual stream (residual_dtype) beside 16-bit inputs: a float sum and float parameters
+// (norm.cpp widens 16-bit ones), 16-bit x, y and dy. setup.py makes one compiled file per
+// tag (f32, f64, f16, bf16), kind and pass.
+#define FUSEDNORM_CUDA_NORM_DTYPES(X)                  \
+  X(f32, float, float, float)                          \
+  X(f64, double, double, double)                       \
+  X(f16, c10::Half, c10::Half, c10::Half)              \
+  X(f16, c10::Half, float, c10::Half)                  \
+  X(bf16, c10::BFloat16, c10::BFloat16, c10::BFloat16) \
+  X(bf16, c10::BFloat16, float, c10::BFloat16)         \
+  X(f16, float, float, c10::Half)                      \
+  X(bf16, float, float, c10::BFloat16)
 
 // Temporary device buffers (chunk partials, parameter-gradient partials), valid until the
 // op returns. The op file serves them from PyTorch's caching allocator on the current
@@ -48,13 +54,14 @@ struct DeviceInfo {
 // Norm forward over the rows of a row-major [M, N] x. weight/bias may be null (bias always
 // null for RMSNorm). mean (LayerNorm only; null for RMSNorm) and rstd ([M]) are written for
 // the backward. With a residual (the trailing members, null by default), s = x + residual
-// rounded to T is written to `sum` and normalized.
-template <typename T, typename P>
+// rounded to T is written to `sum` and normalized. x and y are of IO (T's, or 16-bit
+// beside a float T: a float32 sum of 16-bit inputs, whose output has their dtype).
+template <typename T, typename P, typename IO = T>
 struct NormFwdArgs {
-  const T* x;
+  const IO* x;
   const P* weight;
   const P* bias;
-  T* y;
+  IO* y;
   acc_type_t<T>* mean;
   acc_type_t<T>* rstd;
   int64_t M;
@@ -62,14 +69,18 @@ struct NormFwdArgs {
   double eps;
   const T* residual = nullptr;
   T* sum = nullptr;
+  // IO != T only, instead of residual: a residual of the input's 16-bit type (widened on
+  // load; the sum is T).
+  const IO* residual_io = nullptr;
 };
 
 // Norm backward: dx always; dweight when dweight != nullptr (needs weight), dbias when
 // dbias != nullptr (LayerNorm only). weight may be null (then dy is not scaled). mean is
 // unused (may be null) for RMSNorm. grad_sum, when set, is added to dx before its rounding.
-template <typename T, typename P>
+// dy is of IO (the forward's y: T's, or 16-bit beside a float T).
+template <typename T, typename P, typename IO = T>
 struct NormBwdArgs {
-  const T* dy;
+  const IO* dy;
   const T* x;
   const acc_type_t<T>* mean;
   const acc_type_t<T>* rstd;
@@ -86,9 +97,9 @@ struct NormBwdArgs {
 // (mean(x^2), no mean, no bias); both take the residual / grad_sum. They enqueue work on
 // `stream` and never synchronise. Instantiated for the pairs of FUSEDNORM_CUDA_NORM_DTYPES,
 // by norm_instances.cuh.
-template <bool CENTERED, typename T, typename P>
-void norm_fwd_cuda(const NormFwdArgs<T, P>&, Workspace&, DeviceInfo, cudaStream_t);
-template <bool CENTERED, typename T, typename P>
-void norm_bwd_cuda(const NormBwdArgs<T, P>&, Workspace&, DeviceInfo, cudaStream_t);
+template <bool CENTERED, typename T, typename P, typename IO = T>
+void norm_fwd_cuda(const NormFwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
+template <bool CENTERED, typename T, typename P, typename IO = T>
+void norm_bwd_cuda(const NormBwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
 
 }  // namespace fusednorm::cuda

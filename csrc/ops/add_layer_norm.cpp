@@ -1,5 +1,5 @@
-// fusednorm::add_layer_norm: s = input + residual (in the input's dtype), then LayerNorm
-// of s, in one pass over memory; returns (norm(s), s, mean, rstd), the first two
+// fusednorm::add_layer_norm: s = input + residual (in the input's dtype, or float32 with
+// residual_dtype), then LayerNorm of s, in one pass over memory; returns (norm(s), s, mean, rstd), the first two
 // differentiable. A NormKind of the norm family (ops/norm_family.h) adapted to its schema.
 
 #include <ATen/ops/add.h>
@@ -17,28 +17,32 @@ const auto& op() { return public_ops::add_layer_norm(); }
 
 Outputs rows(const at::Tensor& input, const at::Tensor& residual,
              c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-             const OptTensor& bias, double eps, bool zero_centered_weight) {
+             const OptTensor& bias, double eps, bool zero_centered_weight,
+             OptDtype residual_dtype) {
+  const at::ScalarType sum = sum_type(kKind, input, residual_dtype);
   const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
-  return forward_rows(kKind, input, residual, normalized_shape, p.weight, p.bias, eps);
+  return forward_rows(kKind, input, residual, normalized_shape, p.weight, p.bias, eps, sum);
 }
 
 Outputs autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                         c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                        const OptTensor& bias, double eps, bool zero_centered_weight) {
+                        const OptTensor& bias, double eps, bool zero_centered_weight,
+                        OptDtype residual_dtype) {
   const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
   const auto below = [&] {
-    return op().call(input, residual, normalized_shape, p.weight, p.bias, eps, false);
+    return op().call(input, residual, normalized_shape, p.weight, p.bias, eps, false,
+                     residual_dtype);
   };
   return autograd_call(kKind, input, residual, normalized_shape, p.weight, p.bias, eps, below);
 }
 
-// Under CUDA autocast: the sum as eager's (autocast leaves add alone), then layer_norm by
-// its autocast rule (float32).
+// Under CUDA autocast: the sum as eager's (autocast leaves add alone; in residual_dtype),
+// then layer_norm by its autocast rule (float32).
 Outputs autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                       c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                      const OptTensor& bias, double eps, bool zero_centered_weight) {
-  check_residual(kKind, input, residual);
-  const at::Tensor sum = at::add(input, residual);
+                      const OptTensor& bias, double eps, bool zero_centered_weight,
+                      OptDtype residual_dtype) {
+  const at::Tensor sum = autocast_sum(kKind, input, residual, residual_dtype);
   auto [out, mean, rstd] = public_ops::layer_norm().call(sum, normalized_shape, weight, bias,
                                                          eps, zero_centered_weight);
   return {out, sum, mean, rstd};

@@ -1,4 +1,5 @@
-// fusednorm::add_rms_norm: s = input + residual (in the input's dtype), then RMSNorm of s,
+// fusednorm::add_rms_norm: s = input + residual (in the input's dtype, or float32 with
+// residual_dtype), then RMSNorm of s,
 // in one pass over memory; returns (norm(s), s, rstd), the first two differentiable. A
 // NormKind of the norm family (ops/norm_family.h) adapted to its schema.
 
@@ -18,19 +19,24 @@ const auto& op() { return public_ops::add_rms_norm(); }
 
 Result rows(const at::Tensor& input, const at::Tensor& residual,
             c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-            std::optional<double> eps, bool zero_centered_weight) {
+            std::optional<double> eps, bool zero_centered_weight,
+            OptDtype residual_dtype) {
+  const at::ScalarType type = sum_type(kKind, input, residual_dtype);
   const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
-  auto [out, sum, mean, rstd] = forward_rows(kKind, input, residual, normalized_shape, p.weight,
-                                             std::nullopt, eps.value_or(default_rms_eps(input)));
+  auto [out, sum, mean, rstd] =
+      forward_rows(kKind, input, residual, normalized_shape, p.weight, std::nullopt,
+                   eps.value_or(default_rms_eps(input)), type);
   return {out, sum, rstd};
 }
 
 Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                       std::optional<double> eps, bool zero_centered_weight) {
+                       std::optional<double> eps, bool zero_centered_weight,
+                       OptDtype residual_dtype) {
   const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   const auto below = [&]() -> Outputs {
-    auto [out, sum, rstd] = op().call(input, residual, normalized_shape, p.weight, eps, false);
+    auto [out, sum, rstd] =
+        op().call(input, residual, normalized_shape, p.weight, eps, false, residual_dtype);
     return {out, sum, at::Tensor(), rstd};  // no mean
   };
   auto [out, sum, mean, rstd] =
@@ -39,13 +45,13 @@ Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
   return {out, sum, rstd};
 }
 
-// Under CUDA autocast: the sum as eager's (autocast leaves add alone), then rms_norm by
-// its autocast rule (float32).
+// Under CUDA autocast: the sum as eager's (autocast leaves add alone; in residual_dtype),
+// then rms_norm by its autocast rule (float32).
 Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                      c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
-                     std::optional<double> eps, bool zero_centered_weight) {
-  check_residual(kKind, input, residual);
-  const at::Tensor sum = at::add(input, residual);
+                     std::optional<double> eps, bool zero_centered_weight,
+                     OptDtype residual_dtype) {
+  const at::Tensor sum = autocast_sum(kKind, input, residual, residual_dtype);
   auto [out, rstd] =
       public_ops::rms_norm().call(sum, normalized_shape, weight, eps, zero_centered_weight);
   return {out, sum, rstd};

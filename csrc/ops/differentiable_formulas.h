@@ -71,19 +71,30 @@ inline at::Tensor norm_forward(bool centered, const at::Tensor& x, int64_t dims,
   return y.to(x.scalar_type());
 }
 
+// s = input + residual in sum_type (the input's, or wider: residual_dtype), one rounding.
+inline at::Tensor residual_sum(const at::Tensor& input, const at::Tensor& residual,
+                               at::ScalarType sum_type) {
+  if (input.scalar_type() == sum_type && residual.scalar_type() == sum_type) {
+    return at::add(input, residual);
+  }
+  return at::add(input.to(sum_type), residual.to(sum_type));
+}
+
 // The gradients (input, residual, weight, bias) of a norm op: y = norm(s) with
 // s = input + residual (s = input without a residual), and the sum s as a second output.
 // grad_out or grad_sum may be undefined (no gradient reached it); weight and bias may be
 // undefined. The arithmetic is in compute_type, the result rounded once to the input's
-// (and the parameters') dtype.
+// (and the parameters') dtype; sum_type: the sum's (residual_sum), whose gradient is the
+// residual's before its rounding to the residual's dtype.
 inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
                                              const at::Tensor& input, const at::Tensor& residual,
                                              int64_t dims, const at::Tensor& weight,
                                              const at::Tensor& bias, double eps,
                                              const at::Tensor& grad_out,
-                                             const at::Tensor& grad_sum) {
+                                             const at::Tensor& grad_sum,
+                                             at::ScalarType sum_type) {
   std::vector<at::Tensor> grads(4);
-  const at::Tensor sum = has_residual ? at::add(input, residual) : input;
+  const at::Tensor sum = has_residual ? residual_sum(input, residual, sum_type) : input;
   at::Tensor grad_input;
   if (grad_out.defined()) {
     const auto type = compute_type(sum, weight, bias);
@@ -102,9 +113,10 @@ inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
     grad_input = grad_input.defined() ? grad_input + grad_sum.to(grad_input.scalar_type())
                                       : grad_sum;
   }
-  if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type());
-  grads[0] = grad_input;
-  if (has_residual) grads[1] = grad_input;
+  if (grad_input.defined()) {
+    grads[0] = grad_input.to(input.scalar_type());
+    if (has_residual) grads[1] = grad_input.to(residual.scalar_type());
+  }
   return grads;
 }
 

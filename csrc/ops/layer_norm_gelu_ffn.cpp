@@ -45,7 +45,7 @@ Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const Opt
   const at::Tensor x = as_rows(input, 1);
   auto [normed, sum, mean, rstd] = row_ops::norm_fwd().call(
       x, std::nullopt, contiguous_or_none(ln_weight), contiguous_or_none(ln_bias), eps,
-      /*centered=*/true);
+      /*centered=*/true, /*sum_dtype=*/std::nullopt);
   auto [y, hidden] = row_ops::gelu_ffn_fwd().call(normed, weight1.contiguous(),
                                                   contiguous_or_none(bias1), weight2.contiguous(),
                                                   contiguous_or_none(bias2), approximate);
@@ -84,7 +84,7 @@ struct BlockBackward : public SavedListNode {
                                                        approximate_, grad_out);
       const auto norm = formulas::norm_backward(
           /*centered=*/true, /*has_residual=*/false, input, at::Tensor(), 1, ln_weight, ln_bias,
-          eps_, ffn[0], at::Tensor());
+          eps_, ffn[0], at::Tensor(), input.scalar_type());
       return {norm[0] + grad_out, norm[2], norm[3], ffn[1], ffn[2], ffn[3], ffn[4]};
     }
 

@@ -40,16 +40,39 @@ inline double default_rms_eps(const at::Tensor& input) {
                                             : std::numeric_limits<float>::epsilon();
 }
 
+using OptDtype = std::optional<at::ScalarType>;
+
+// The dtype of the add ops' sum for their residual_dtype: None, the input's; torch.float32,
+// the computation type (float32; float64 for a float64 input, never narrower than it).
+inline at::ScalarType sum_type(const NormKind& kind, const at::Tensor& input,
+                               OptDtype residual_dtype) {
+  if (!residual_dtype.has_value()) return input.scalar_type();
+  TORCH_CHECK_TYPE(*residual_dtype == at::kFloat, kind.name,
+                   ": residual_dtype must be None or torch.float32, got ",
+                   python_dtype(*residual_dtype));
+  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The residual: the input's shape and device; the input's dtype, or the sum's (sum_type).
 inline void check_residual(const NormKind& kind, const at::Tensor& input,
-                           const at::Tensor& residual) {
+                           const at::Tensor& residual, at::ScalarType sum) {
   TORCH_CHECK_VALUE(residual.sizes() == input.sizes(), kind.name,
                     ": residual must have the input's shape ", input.sizes(), ", got ",
                     residual.sizes());
   TORCH_CHECK(residual.device() == input.device(), kind.name, ": residual is on ",
               residual.device(), " but input is on ", input.device());
-  TORCH_CHECK_TYPE(residual.scalar_type() == input.scalar_type(), kind.name,
-                   ": residual must have the input's dtype (", python_dtype(input.scalar_type()),
-                   "), got ", python_dtype(residual.scalar_type()));
+  const at::ScalarType type = residual.scalar_type();
+  if (sum == input.scalar_type()) {
+    const bool hint = type == at::kFloat && is_reduced_float(input.scalar_type());
+    TORCH_CHECK_TYPE(type == input.scalar_type(), kind.name,
+                     ": residual must have the input's dtype (", python_dtype(input.scalar_type()),
+                     "), got ", python_dtype(type),
+                     hint ? " (residual_dtype=torch.float32 takes a float32 residual)" : "");
+  } else {
+    TORCH_CHECK_TYPE(type == input.scalar_type() || type == sum, kind.name,
+                     ": residual must have the input's dtype (", python_dtype(input.scalar_type()),
+                     ") or residual_dtype's (", python_dtype(sum), "), got ", python_dtype(type));
+  }
 }
 
 // zero_centered_weight: the kernels get 1 + weight as their weight, formed here once per
@@ -82,30 +105,38 @@ inline Params effective_params(const NormKind& kind, const at::Tensor& input,
 
 // Below autograd, any backend: check, view as rows, run the backend kernel, give back the
 // input's shape.
+// sum: the sum's dtype (sum_type; the input's without a residual).
 inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
                             const OptTensor& residual, c10::SymIntArrayRef normalized_shape,
-                            const OptTensor& weight, const OptTensor& bias, double eps) {
+                            const OptTensor& weight, const OptTensor& bias, double eps,
+                            OptDtype sum_dtype = std::nullopt) {
   const auto shape = C10_AS_INTARRAYREF_SLOW(normalized_shape);
   check_layer_norm_call(kind.name, input, shape, weight, bias, eps);
-  if (kind.residual) check_residual(kind, input, *residual);
+  if (kind.residual) {
+    check_residual(kind, input, *residual, sum_dtype.value_or(input.scalar_type()));
+  }
   const auto dims = static_cast<int64_t>(shape.size());
   const at::Tensor x = as_rows(input, dims);
   const OptTensor r = kind.residual ? OptTensor(as_rows(*residual, dims)) : std::nullopt;
-  auto [out, sum, mean, rstd] =
-      row_ops::norm_fwd().call(x, r, flat(weight), flat(bias), eps, kind.centered);
+  if (sum_dtype == input.scalar_type()) sum_dtype = std::nullopt;
+  auto [out, sum, mean, rstd] = row_ops::norm_fwd().call(x, r, flat(weight), flat(bias), eps,
+                                                         kind.centered, sum_dtype);
   // Without a residual, sum is an empty placeholder: no sum output.
   sum = kind.residual ? shaped_like(sum, input.sizes()) : at::Tensor();
   return {shaped_like(out, input.sizes()), sum, mean, rstd};
 }
 
 // The op from ATen's differentiable ops (formulas::norm_forward): (out, sum), sum = input +
-// residual (the input without a residual). What gives forward-mode AD's tangents.
+// residual in sum_type (the input without a residual), out in the input's dtype. What gives
+// forward-mode AD's tangents.
 inline std::pair<at::Tensor, at::Tensor> reference(const NormKind& kind, const at::Tensor& input,
                                                    const at::Tensor& residual, int64_t dims,
                                                    const at::Tensor& weight,
-                                                   const at::Tensor& bias, double eps) {
-  const at::Tensor sum = kind.residual ? at::add(input, residual) : input;
-  return {formulas::norm_forward(kind.centered, sum, dims, weight, bias, eps), sum};
+                                                   const at::Tensor& bias, double eps,
+                                                   at::ScalarType sum_type) {
+  const at::Tensor sum = kind.residual ? formulas::residual_sum(input, residual, sum_type) : input;
+  const at::Tensor out = formulas::norm_forward(kind.centered, sum, dims, weight, bias, eps);
+  return {out.to(input.scalar_type()), sum};
 }
 
 // Forward-mode AD: the tangents of out (and of the sum with a residual) set on the
@@ -118,7 +149,8 @@ inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
   const auto [ref_out, ref_sum] =
       reference(kind, input, residual.value_or(at::Tensor()),
                 static_cast<int64_t>(shape.size()), weight.value_or(at::Tensor()),
-                bias.value_or(at::Tensor()), eps);
+                bias.value_or(at::Tensor()), eps,
+                kind.residual ? sum.scalar_type() : input.scalar_type());
   attach_tangent(out, ref_out);
   if (kind.residual) attach_tangent(sum, ref_sum);
 }
@@ -149,6 +181,9 @@ struct NormBackward : public torch::autograd::Node {
   NormKind kind_{};
   int64_t dims_ = 1;
   double eps_ = 0;
+  // The dtypes of input and residual (their gradients'), and of the sum output: wider than
+  // the input's with residual_dtype, whose gradient is then rounded once to the input's.
+  at::ScalarType input_type_ = at::kFloat, residual_type_ = at::kFloat, sum_type_ = at::kFloat;
 
   std::string name() const override {
     return std::string(kind_.name) + "Backward";
@@ -173,12 +208,13 @@ struct NormBackward : public torch::autograd::Node {
       const at::Tensor input = kind_.residual ? input_.unpack() : normed_input;
       return formulas::norm_backward(kind_.centered, kind_.residual, input,
                                               residual_.unpack(), dims_, weight, bias, eps_,
-                                              grad_out, grad_sum);
+                                              grad_out, grad_sum, sum_type_);
     }
 
     const at::Tensor x = as_rows(normed_input, dims_);
-    const at::Tensor dy =
-        grad_out.defined() ? as_rows(grad_out, dims_) : at::zeros_like(x);  // sum used alone
+    const at::Tensor dy = grad_out.defined()
+                              ? as_rows(grad_out, dims_)
+                              : at::zeros_like(x, x.options().dtype(input_type_));  // sum alone
     at::Tensor grad_input, grad_weight, grad_bias;
     // Grad mode is off here: straight to the backend kernel. Through the Autograd key the
     // backend op (which has no autograd kernel) would take the boxed not-implemented
@@ -188,8 +224,11 @@ struct NormBackward : public torch::autograd::Node {
     std::tie(grad_input, grad_weight, grad_bias) = row_ops::norm_bwd().call(
         dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered);
     grad_input = shaped_like(grad_input, normed_input.sizes());
-    result[0] = grad_input;
-    if (kind_.residual) result[1] = grad_input;  // d(input + residual) / d residual = 1
+    // d(input + residual) / d residual = 1. With a wider sum (residual_dtype) the kernel's
+    // gradient has the sum's dtype, and is rounded once here to the input's (and to a
+    // residual's of the input's dtype): one more pass, as the backend's dx has one dtype.
+    result[0] = grad_input.to(input_type_);
+    if (kind_.residual) result[1] = grad_input.to(residual_type_);
     if (weight.defined()) result[2] = grad_weight.view(weight.sizes());
     if (bias.defined()) result[3] = grad_bias.view(bias.sizes());
     return result;
@@ -214,6 +253,9 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
   node->kind_ = kind;
   node->dims_ = dims;
   node->eps_ = eps;
+  node->input_type_ = input.scalar_type();
+  node->residual_type_ = kind.residual ? residual->scalar_type() : input.scalar_type();
+  node->sum_type_ = kind.residual ? sum.scalar_type() : input.scalar_type();
   node->normed_input_ = kind.residual ? torch::autograd::SavedVariable(sum, /*is_output=*/true)
                                       : torch::autograd::SavedVariable(input, false);
   node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
@@ -249,6 +291,15 @@ inline Outputs autograd_call(const NormKind& kind, const at::Tensor& input,
   attach_tangents(kind, input, residual, normalized_shape, weight, bias, eps,
                   std::get<0>(outputs), std::get<1>(outputs));
   return outputs;
+}
+
+// The add ops' sum under CUDA autocast (which leaves add alone): input + residual in
+// residual_dtype's sum type, as eager's `input + residual` (or its float32 form).
+inline at::Tensor autocast_sum(const NormKind& kind, const at::Tensor& input,
+                               const at::Tensor& residual, OptDtype residual_dtype) {
+  const at::ScalarType type = sum_type(kind, input, residual_dtype);
+  check_residual(kind, input, residual, type);
+  return formulas::residual_sum(input, residual, type);
 }
 
 // CUDA autocast as torch.nn.functional's: layer_norm and rms_norm are on autocast's

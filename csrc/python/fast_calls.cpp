@@ -20,6 +20,7 @@
 // torch.ops path.
 
 #include <Python.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -121,6 +122,17 @@ bool bool_arg(PyObject* obj, bool& out) {
   return true;
 }
 
+// None, or a torch.dtype (ScalarType?).
+bool optional_dtype_arg(PyObject* obj, std::optional<at::ScalarType>& out) {
+  if (obj == Py_None) {
+    out = std::nullopt;
+    return true;
+  }
+  if (!THPDtype_Check(obj)) return false;
+  out = reinterpret_cast<THPDtype*>(obj)->scalar_type;
+  return true;
+}
+
 PyObject* not_implemented() {
   Py_RETURN_NOTIMPLEMENTED;
 }
@@ -200,6 +212,13 @@ struct ArgSlot<bool> {
   bool value = false;
   bool parse(PyObject* obj) { return bool_arg(obj, value); }
   bool pass() const { return value; }
+};
+
+template <>
+struct ArgSlot<std::optional<at::ScalarType>> {
+  std::optional<at::ScalarType> value;
+  bool parse(PyObject* obj) { return optional_dtype_arg(obj, value); }
+  std::optional<at::ScalarType> pass() const { return value; }
 };
 
 template <>

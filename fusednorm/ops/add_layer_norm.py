@@ -7,10 +7,12 @@ ADD_LAYER_NORM = overload("add_layer_norm")
 
 
 @register_fake("add_layer_norm")
-def _fake(input, residual, normalized_shape, weight, bias, eps, zero_centered_weight=False):
-    from ..functional import _check_norm_call
-    _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
-                     residual, True, zero_centered_weight)
+def _fake(input, residual, normalized_shape, weight, bias, eps, zero_centered_weight=False,
+          residual_dtype=None):
+    from ..functional import _check_norm_call, _sum_dtype
+    fn = "fusednorm.add_layer_norm"
+    _check_norm_call(fn, input, normalized_shape, weight, bias, eps, residual, True,
+                     zero_centered_weight, residual_dtype)
     rows = leading_rows(input, len(normalized_shape))
-    return (input.new_empty(input.shape), input.new_empty(input.shape), row_stat(input, rows),
-            row_stat(input, rows))
+    total = input.new_empty(input.shape, dtype=_sum_dtype(fn, input, residual_dtype))
+    return input.new_empty(input.shape), total, row_stat(input, rows), row_stat(input, rows)

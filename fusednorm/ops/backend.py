@@ -8,9 +8,10 @@ from ._library import register_fake, row_stat
 
 
 @register_fake("norm_fwd")
-def _norm_fwd_fake(input, residual, weight, bias, eps, centered):
+def _norm_fwd_fake(input, residual, weight, bias, eps, centered, sum_dtype=None):
     rows = input.shape[0]
-    total = torch.empty_like(input) if residual is not None else input.new_empty((0,))
+    total = (torch.empty_like(input, dtype=sum_dtype or input.dtype) if residual is not None
+             else input.new_empty((0,)))
     mean = row_stat(input, rows if centered else 0)
     return torch.empty_like(input), total, mean, row_stat(input, rows)
 

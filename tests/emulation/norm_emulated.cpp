@@ -4,7 +4,7 @@
 // stdin, one per line:
 //
 //   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters[=K]]
-//            [rms] [res | resmis] [outlier] [far]
+//            [rms] [res | resmis] [outlier] [far] [wide] [narrow]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -25,7 +25,10 @@
 // one near it (a block of two rows holds both kinds), so that the backward's correction of
 // the saved mean's rounding runs where it should (needs_mean_correction: the
 // reference's xhat use the exact mean, against which a float32 or float64 backward without
-// it is off by thousands of the bound's units). Prints
+// it is off by thousands of the bound's units); wide (T f16 or bf16, P f32): a float32
+// residual stream, the kernels' float instantiation with T's x, y and dy (NormFwdArgs' IO):
+// the residual, the sum, the backward's x, grad_sum and dx are float32; narrow (with wide
+// and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io). Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
 // the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>:
 // why" per line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned
@@ -90,8 +93,11 @@ struct Case {
   bool centered = true;  // LayerNorm; false: RMSNorm
   bool residual = false;  // forward residual / backward grad_sum
   int r_misalign = 0;     // bytes: the residual's / grad_sum's start (else x_misalign's)
+  int s_misalign = 0;     // bytes: the sum's start (r_misalign's, but for narrow)
   bool outlier = false;   // one of each row's first three values far from the rest
   bool far = false;       // rows many times their scale from zero
+  bool wide = false;      // a float32 sum beside T's x, y, dy (the IO type)
+  bool narrow = false;    // wide: the residual of IO's type
 };
 
 // A buffer of n values of T, starting `misalign` bytes past a 256-byte boundary, from
@@ -158,7 +164,8 @@ struct Data {
   std::vector<double> x, dy, w, b, r;  // r: the residual (forward) or grad_sum (backward)
 };
 
-template <typename T, typename P>
+// x and dy rounded to IO, the residual / grad_sum to T, the parameters to P.
+template <typename T, typename P, typename IO = T>
 Data make_data(const Case& c) {
   std::mt19937_64 rng(std::hash<std::string>{}(c.text));
   std::normal_distribution<double> normal;
@@ -170,7 +177,7 @@ Data make_data(const Case& c) {
   // Rows away from zero mean and unit scale (each row its own), parameters away from 1/0.
   for (int64_t r = 0; r < c.M; ++r) {
     const double near_shift = 2 * normal(rng), scale = 0.5 + std::abs(normal(rng)) * 3;
-    const double sigmas = sizeof(T) == 2 ? 100 : 1e4;
+    const double sigmas = sizeof(IO) == 2 ? 100 : 1e4;
     const double shift = c.far && r % 3 != 2 ? (r % 3 == 0 ? sigmas : -sigmas) * scale : near_shift;
     for (int64_t j = 0; j < c.N; ++j) d.x[r * c.N + j] = shift + scale * normal(rng);
     if (c.outlier) d.x[r * c.N + r % 3] = shift + scale * (r % 2 == 0 ? 1000 : -1000);
@@ -185,30 +192,32 @@ Data make_data(const Case& c) {
     for (double& v : d.r) v = 1.5 * normal(rng);
     d.r = rounded<T>(d.r);
   }
-  d.x = rounded<T>(d.x);
-  d.dy = rounded<T>(d.dy);
+  d.x = rounded<IO>(d.x);
+  d.dy = rounded<IO>(d.dy);
   d.w = rounded<P>(d.w);
   d.b = rounded<P>(d.b);
   return d;
 }
 
-template <typename T, typename P>
+template <typename T, typename P, typename IO = T>
 std::string run_fwd(const Case& c) {
   using acc_t = acc_type_t<T>;
-  const Data d = make_data<T, P>(c);
+  const Data d = make_data<T, P, IO>(c);
   const bool has_w = c.affine == "wb" || c.affine == "w";
   const bool has_b = c.affine == "wb" || c.affine == "b";
-  Buffer x = upload<T>(d.x, c.x_misalign);
+  Buffer x = upload<IO>(d.x, c.x_misalign);
   Buffer w = upload<P>(d.w, c.p_misalign), b = upload<P>(d.b, c.p_misalign);
-  Buffer res = upload<T>(c.residual ? d.r : std::vector<double>(1), c.r_misalign);
-  Buffer y = Buffer::make(d.x.size() * sizeof(T));
-  Buffer sum = Buffer::make(std::max<std::size_t>(d.r.size(), 1) * sizeof(T), std::size_t(c.r_misalign));
+  const std::vector<double> r_values =
+      c.narrow ? rounded<IO>(d.r) : c.residual ? d.r : std::vector<double>(1);
+  Buffer res = c.narrow ? upload<IO>(r_values, c.r_misalign) : upload<T>(r_values, c.r_misalign);
+  Buffer y = Buffer::make(d.x.size() * sizeof(IO));
+  Buffer sum = Buffer::make(std::max<std::size_t>(d.r.size(), 1) * sizeof(T), std::size_t(c.s_misalign));
   Buffer mean = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
   Buffer rstd = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
-  NormFwdArgs<T, P> a{x.as<T>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
-                      y.as<T>(), c.centered ? mean.as<acc_t>() : nullptr, rstd.as<acc_t>(),
-                      c.M, c.N, 1e-5, c.residual ? res.as<T>() : nullptr,
-                      c.residual ? sum.as<T>() : nullptr};
+  NormFwdArgs<T, P, IO> a{x.as<IO>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
+                      y.as<IO>(), c.centered ? mean.as<acc_t>() : nullptr, rstd.as<acc_t>(),
+                      c.M, c.N, 1e-5, c.residual && !c.narrow ? res.as<T>() : nullptr,
+                      c.residual ? sum.as<T>() : nullptr, c.narrow ? res.as<IO>() : nullptr};
   GuardedWorkspace ws;
   if (c.centered) {
     norm_fwd_impl<true>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
@@ -221,7 +230,7 @@ std::string run_fwd(const Case& c) {
   // float64 reference, on s = x + residual rounded to T (exact in double, then one rounding)
   std::vector<double> s_ref = d.x;
   if (c.residual) {
-    for (std::size_t i = 0; i < s_ref.size(); ++i) s_ref[i] = d.x[i] + d.r[i];
+    for (std::size_t i = 0; i < s_ref.size(); ++i) s_ref[i] = d.x[i] + r_values[i];
     s_ref = rounded<T>(s_ref);
   }
   std::vector<double> ref_y(d.x.size()), ref_mean(std::size_t(c.M)), ref_rstd(std::size_t(c.M));
@@ -245,10 +254,10 @@ std::string run_fwd(const Case& c) {
       y_scale[r * c.N + j] = double((std::abs(xhat) + 1) * std::abs(wj) + std::abs(bj));
     }
   }
-  const double tol = acc_tolerance<T>(), ulp = unit_roundoff<T>();
+  const double tol = acc_tolerance<T>(), ulp = unit_roundoff<IO>();
   const double y_tol = c.outlier ? 16 * unit_roundoff<acc_t>() : tol;
   std::string why;
-  if (compare<T>("y", y, ref_y, [&](std::size_t i) { return 2 * ulp * std::abs(ref_y[i]) + subnormal_step<T>() + y_tol * y_scale[i]; }, why)) return why;
+  if (compare<IO>("y", y, ref_y, [&](std::size_t i) { return 2 * ulp * std::abs(ref_y[i]) + subnormal_step<IO>() + y_tol * y_scale[i]; }, why)) return why;
   // The sum output is exact: one rounding of x + residual, as the reference.
   if (c.residual && compare<T>("sum", sum, s_ref, [](std::size_t) { return 0.0; }, why)) return why;
   if (c.centered && compare<acc_t>("mean", mean, ref_mean, [&](std::size_t r) { return tol * (std::abs(ref_mean[r]) + 1 / ref_rstd[r]); }, why)) return why;
@@ -256,10 +265,10 @@ std::string run_fwd(const Case& c) {
   return "";
 }
 
-template <typename T, typename P>
+template <typename T, typename P, typename IO = T>
 std::string run_bwd(const Case& c) {
   using acc_t = acc_type_t<T>;
-  const Data d = make_data<T, P>(c);
+  const Data d = make_data<T, P, IO>(c);
   const bool has_w = c.affine == "wb" || c.affine == "w";
   const bool has_b = c.affine == "wb" || c.affine == "b";
   // mean and rstd as the forward saves them (acc_t), from statistics in long double. The
@@ -276,13 +285,15 @@ std::string run_bwd(const Case& c) {
     mu[r] = double(acc_t(ref_mu[r].hi + ref_mu[r].lo));
     rs[r] = double(acc_t(1 / std::sqrt(double(v / c.N) + 1e-5)));
   }
-  Buffer x = upload<T>(d.x, c.x_misalign), dy = upload<T>(d.dy, c.x_misalign);
+  // x placed like dy, element for element (wide: a float x beside 16-bit dy).
+  const int x_misalign = c.x_misalign * int(sizeof(T) / sizeof(IO)) % 16;
+  Buffer x = upload<T>(d.x, x_misalign), dy = upload<IO>(d.dy, c.x_misalign);
   Buffer w = upload<P>(d.w, c.p_misalign);
   Buffer mean = upload<acc_t>(mu, 0), rstd = upload<acc_t>(rs, 0);
   Buffer gsum = upload<T>(c.residual ? d.r : std::vector<double>(1), c.r_misalign);
   Buffer dx = Buffer::make(d.x.size() * sizeof(T));
   Buffer dw = Buffer::make(std::size_t(c.N) * sizeof(P)), db = Buffer::make(std::size_t(c.N) * sizeof(P));
-  NormBwdArgs<T, P> a{dy.as<T>(), x.as<T>(), c.centered ? mean.as<acc_t>() : nullptr,
+  NormBwdArgs<T, P, IO> a{dy.as<IO>(), x.as<T>(), c.centered ? mean.as<acc_t>() : nullptr,
                       rstd.as<acc_t>(), has_w ? w.as<P>() : nullptr, dx.as<T>(),
                       has_w ? dw.as<P>() : nullptr, has_b ? db.as<P>() : nullptr, c.M, c.N,
                       c.residual ? gsum.as<T>() : nullptr};
@@ -331,15 +342,18 @@ std::string run_bwd(const Case& c) {
   return "";
 }
 
-template <typename T, typename P>
+template <typename T, typename P, typename IO = T>
 std::string run_case(const Case& c) {
-  return c.pass == "fwd" ? run_fwd<T, P>(c) : run_bwd<T, P>(c);
+  return c.pass == "fwd" ? run_fwd<T, P, IO>(c) : run_bwd<T, P, IO>(c);
 }
 
 std::string dispatch(const Case& c) {
   if (c.pass != "fwd" && c.pass != "bwd") return "bad pass " + c.pass;
   if (c.t == "f32" && c.p == "f32") return run_case<float, float>(c);
 #ifndef EMU_ONLY_FLOAT  // (a quicker build, for the test that the harness can fail)
+  if (c.wide && c.t == "f16" && c.p == "f32") return run_case<float, float, c10::Half>(c);
+  if (c.wide && c.t == "bf16" && c.p == "f32") return run_case<float, float, c10::BFloat16>(c);
+  if (c.wide) return "bad wide dtype pair " + c.t + "/" + c.p;
   if (c.t == "f64" && c.p == "f64") return run_case<double, double>(c);
   if (c.t == "f16" && c.p == "f16") return run_case<c10::Half, c10::Half>(c);
   if (c.t == "f16" && c.p == "f32") return run_case<c10::Half, float>(c);
@@ -379,6 +393,10 @@ int main() {
         c.outlier = true;
       } else if (extra == "far") {
         c.far = true;
+      } else if (extra == "wide") {
+        c.wide = true;
+      } else if (extra == "narrow") {
+        c.narrow = true;
       } else if (extra == "resmis") {
         c.residual = true;
         c.r_misalign = -1;  // one element of T, set below
@@ -387,12 +405,20 @@ int main() {
       }
     }
     if (c.residual) {
-      const int elem = c.t == "f64" ? 8 : c.t == "f32" ? 4 : 2;
-      c.r_misalign = c.r_misalign < 0 ? (c.x_misalign + elem) % 16 : c.x_misalign;
+      const bool wide_r = c.wide && !c.narrow, moved = c.r_misalign < 0;
+      const int elem = c.t == "f64" ? 8 : c.t == "f32" || wide_r ? 4 : 2;
+      // Placed like x, element for element (wide: x's 2-byte elements, the residual's 4).
+      const int like_x = wide_r ? c.x_misalign * 2 % 16 : c.x_misalign;
+      c.r_misalign = moved ? (like_x + elem) % 16 : like_x;
+      // The sum: the residual's place, or (narrow: a float sum beside a 16-bit residual)
+      // the float residual's.
+      c.s_misalign = c.narrow ? (c.x_misalign * 2 + (moved ? 4 : 0)) % 16 : c.r_misalign;
     }
     const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b");
     const bool bad_outlier = (c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd")) ||
-                             (c.far && !c.centered);
+                             (c.far && !c.centered) ||
+                             (c.wide && c.pass == "fwd" && !c.residual) ||
+                             (c.narrow && (!c.wide || !c.residual || c.pass != "fwd"));
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
     emu::config().resident_clusters = resident_clusters;
