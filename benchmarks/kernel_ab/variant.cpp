@@ -13,9 +13,12 @@ using namespace fusednorm::cpu;
 template <typename T>
 void forward(const void* x, const void* residual, const float* w, const float* b, void* y,
              void* sum, float* mean, float* rstd, int64_t M, int64_t N) {
-  NormFwdArgs<T, float> a{static_cast<const T*>(x), static_cast<const T*>(residual), w, b,
-                          static_cast<T*>(y), static_cast<T*>(sum), mean, rstd, M, N, 1e-5f,
-                          true};
+  // Designated fields: the two trees' argument structs may differ in fields this leaves out.
+  NormFwdArgs<T, float> a{.x = static_cast<const T*>(x),
+                          .residual = static_cast<const T*>(residual),
+                          .weight = w, .bias = b, .y = static_cast<T*>(y),
+                          .sum = static_cast<T*>(sum), .mean = mean, .rstd = rstd, .M = M,
+                          .N = N, .eps = 1e-5f, .params_finite = true};
   norm_fwd_rows<T, float, true, true, true>(a);
 }
 
@@ -27,8 +30,9 @@ template <typename T>
 void backward(const void* dy, const void* x, const float* mean, const float* rstd,
               const float* w, void* dx, float* dw, float* db, float* partials, int64_t M,
               int64_t N) {
-  NormBwdArgs<T, float> a{static_cast<const T*>(dy), nullptr, static_cast<const T*>(x),
-                          mean, rstd, w, static_cast<T*>(dx), M, N, true};
+  NormBwdArgs<T, float> a{.dy = static_cast<const T*>(dy), .x = static_cast<const T*>(x),
+                          .mean = mean, .rstd = rstd, .weight = w,
+                          .dx = static_cast<T*>(dx), .M = M, .N = N, .weight_finite = true};
   const int64_t blocks = num_row_blocks(M, N);
   norm_bwd_rows<T, float, true, true, true>(a, partials, partials + blocks * N, blocks);
   sum_partials<float, float>(partials, blocks, N, dw);
