@@ -23,31 +23,10 @@
 #                           (scripts/source_commit.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The results folder sits in the tree (ignored); only the archive goes to $OUT.
-DIR=$PWD/gpu_session_results/session
-ARCHIVE=${OUT:-$PWD/gpu_session_results}/gpu_session.tar.gz
-rm -rf "$DIR" && mkdir -p "$DIR" "$(dirname "$ARCHIVE")"
-PYTHON=${PYTHON:-python3}
-export DEADLINE_S=${DEADLINE_S:-540}
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export PATH="$CUDA_HOME/bin:$PATH"
+# shellcheck source=scripts/device_call.sh
+source scripts/device_call.sh session
 BENCH_SUITES=${BENCH_SUITES-rms_norm,add_layer_norm,add_rms_norm,layer_norm}
-trap 'tar czf "$ARCHIVE" -C "$(dirname "$DIR")" session && echo "packed $ARCHIVE"' EXIT
 
-log() { echo "[gpu_session $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$DIR/session.log"; }
-left() { local l=$((DEADLINE_S - SECONDS)); ((l < 5)) && l=5; echo $l; }
-step() {  # name, seconds, command...: runs it under that limit, logs to <name>.log
-  local name=$1 limit=$2 start=$SECONDS code
-  shift 2
-  timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
-  code=$?
-  log "$name: exit $code in $((SECONDS - start)) s"
-  return $code
-}
-
-if [[ -n "${SOURCE_COMMIT:-}" ]] && commit=$(bash scripts/source_commit.sh); then
-  export FUSEDNORM_COMMIT=$commit
-fi
 log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 
 # 1. Build (gpu_check.sh: the system's compilers first, the error-path check, build_info).

@@ -18,32 +18,12 @@
 #   SOURCE_COMMIT, SOURCE_TREE   stamp results with that commit when the files make that tree
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DIR=$PWD/gpu_training_results/training
-ARCHIVE=${OUT:-$PWD/gpu_training_results}/gpu_training.tar.gz
-rm -rf "$DIR" && mkdir -p "$DIR" "$(dirname "$ARCHIVE")"
-PYTHON=${PYTHON:-python3}
-export DEADLINE_S=${DEADLINE_S:-540}
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export PATH="$CUDA_HOME/bin:$PATH"
+# shellcheck source=scripts/device_call.sh
+source scripts/device_call.sh training
 GPT_ARGS=${GPT_ARGS:---device cuda --amp bf16 --n-layer 12 --n-head 12 --d-model 768 --block-size 1024 --batch-size 8}
 STEPS=${STEPS:-100}
 ROUNDS=${ROUNDS:-2}
-trap 'tar czf "$ARCHIVE" -C "$(dirname "$DIR")" training && echo "packed $ARCHIVE"' EXIT
 
-log() { echo "[gpu_training $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$DIR/session.log"; }
-left() { local l=$((DEADLINE_S - SECONDS)); ((l < 5)) && l=5; echo $l; }
-step() {  # name, seconds, command...: runs it under that limit, logs to <name>.log
-  local name=$1 limit=$2 start=$SECONDS code
-  shift 2
-  timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
-  code=$?
-  log "$name: exit $code in $((SECONDS - start)) s"
-  return $code
-}
-
-if [[ -n "${SOURCE_COMMIT:-}" ]] && commit=$(bash scripts/source_commit.sh); then
-  export FUSEDNORM_COMMIT=$commit
-fi
 log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}; $GPT_ARGS"
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
