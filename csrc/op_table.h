@@ -58,18 +58,24 @@ using OptDtype = std::optional<at::ScalarType>;
      (norm(s), s, statistics); norm(s) and s are differentiable. residual_dtype None: s in  \
      the input's dtype, residual of the input's dtype; float32: s formed, kept and returned \
      in float32 (float64 for a float64 input: never narrower than the input), residual of  \
-     the input's dtype or s's; out stays in the input's dtype. */                           \
+     the input's dtype or s's; out stays in the input's dtype. dropout_p / rowscale:        \
+     s = dropout(input, dropout_p) * rowscale[row] + residual, the mask drawn from the     \
+     device's default generator (common/philox.h), rowscale (not differentiable) of the    \
+     leading dims' shape; rng_state: the (seed, offset) of the mask (int64 [2] on the      \
+     input's device; [0] when dropout_p is 0), which the backward regenerates it from. */ \
   X(add_layer_norm,                                                                          \
     "add_layer_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
     " Tensor? bias, float eps, bool zero_centered_weight=False,"                             \
-    " ScalarType? residual_dtype=None)"                                                      \
-    " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                                \
-    Tensor4(Tensor, Tensor, Shape, Opt, Opt, double, bool, OptDtype), 2)                     \
+    " ScalarType? residual_dtype=None, float dropout_p=0., Tensor? rowscale=None)"           \
+    " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd, Tensor rng_state)",              \
+    Tensor5(Tensor, Tensor, Shape, Opt, Opt, double, bool, OptDtype, double, Opt), 2)        \
   X(add_rms_norm,                                                                            \
     "add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight," \
-    " float? eps, bool zero_centered_weight=False, ScalarType? residual_dtype=None)"         \
-    " -> (Tensor out, Tensor sum, Tensor rstd)",                                             \
-    Tensor3(Tensor, Tensor, Shape, Opt, std::optional<double>, bool, OptDtype), 2)           \
+    " float? eps, bool zero_centered_weight=False, ScalarType? residual_dtype=None,"         \
+    " float dropout_p=0., Tensor? rowscale=None)"                                            \
+    " -> (Tensor out, Tensor sum, Tensor rstd, Tensor rng_state)",                           \
+    Tensor4(Tensor, Tensor, Shape, Opt, std::optional<double>, bool, OptDtype, double, Opt), \
+    2)                                                                                       \
   /* gelu(input @ weight1.T + bias1) @ weight2.T + bias2 over the last dim, and hidden_pre = \
      input @ weight1.T + bias1 as [M, hidden] rows (not differentiable). */                 \
   X(gelu_ffn,                                                                                \
@@ -90,12 +96,17 @@ using OptDtype = std::optional<at::ScalarType>;
      is given. sum = input + residual in sum_dtype ([0] without a residual): the input's    \
      dtype (None), or float32 beside a float16/bfloat16 input, the residual being of either \
      dtype; mean ([M]; [0] for RMSNorm) and rstd ([M]) are float32 (float64 for a float64   \
-     input); out has the input's dtype. */                                                  \
+     input); out has the input's dtype. With a residual, dropout_p > 0 and/or rowscale     \
+     ([M], float32; float64 for a float64 input): sum = input * m + residual, m per element \
+     the mask of common/philox.h times 1 / (1 - p) times rowscale[row]; the (seed, offset) \
+     drawn from the device's default generator are written to rng_state (int64 [2], given \
+     exactly when dropout_p > 0). */                                                      \
   X(norm_fwd,                                                                                \
     "norm_fwd(Tensor input, Tensor? residual, Tensor? weight, Tensor? bias, float eps,"      \
-    " bool centered, ScalarType? sum_dtype=None)"                                            \
+    " bool centered, ScalarType? sum_dtype=None, float dropout_p=0.,"                        \
+    " Tensor? rowscale=None, Tensor(a!)? rng_state=None)"                                    \
     " -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)",                                \
-    Tensor4(Tensor, Opt, Opt, Opt, double, bool, OptDtype))                                  \
+    Tensor4(Tensor, Opt, Opt, Opt, double, bool, OptDtype, double, Opt, Opt))               \
   /* input is what was normalized (the sum, with a residual); grad_sum, the gradient of the \
      sum output, is added to grad_input (input's dtype). grad_out has the input's dtype, or \
      is float16/bfloat16 beside a float32 input (a float32 sum of norm_fwd's sum_dtype);    \
@@ -107,6 +118,14 @@ using OptDtype = std::optional<at::ScalarType>;
     " Tensor? weight, Tensor? bias, bool centered) -> (Tensor grad_input,"                   \
     " Tensor grad_weight, Tensor grad_bias)",                                                \
     Tensor3(Tensor, Opt, Tensor, Tensor, Tensor, Opt, Opt, bool))                            \
+  /* grad * m rounded once to dtype (grad's, or float16/bfloat16 beside a float32 grad: a  \
+     float32 sum's input), m the multipliers of the norm_fwd call whose rng_state (and     \
+     dropout_p, rowscale) are given, on rows of grad's [M, N] shape: the input gradient of \
+     that call's dropout, the mask regenerated rather than stored. */                      \
+  X(dropout_scale,                                                                           \
+    "dropout_scale(Tensor grad, Tensor? rowscale, Tensor rng_state, float dropout_p,"        \
+    " ScalarType dtype) -> Tensor",                                                          \
+    at::Tensor(Tensor, Opt, Tensor, double, at::ScalarType))                                 \
   /* The LayerNorm output (input - mean) * rstd * weight + bias from the statistics that    \
      norm_fwd returned: a block that does not save its LayerNorm output recomputes it with  \
      this in the backward. */                                                               \
