@@ -109,14 +109,70 @@ inline void check_like_input(const at::Tensor& t, const char* name, const at::Te
   TORCH_CHECK(t.is_contiguous(), "fusednorm: ", name, " must be contiguous");
 }
 
+// The multipliers of the add ops' dropout (dropout_p in [0, 1]) and rowscale ([M] of
+// `stats`, the statistics' dtype of the forward's input); rng_state (int64 [2] on `device`)
+// is given exactly when dropout_p > 0. Shared by norm_fwd and dropout_scale.
+inline void check_dropout_args(int64_t M, at::Device device, at::ScalarType stats,
+                               double dropout_p,
+                               const std::optional<at::Tensor>& rowscale,
+                               const std::optional<at::Tensor>& rng_state) {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "fusednorm: dropout_p must be in [0, 1], got ",
+              dropout_p);
+  if (given(rowscale)) {
+    const at::Tensor& r = *rowscale;
+    TORCH_CHECK(r.dim() == 1 && r.size(0) == M, "fusednorm: rowscale must have shape [", M,
+                "], got ", r.sizes());
+    TORCH_CHECK(r.scalar_type() == stats, "fusednorm: rowscale must be ", stats, ", got ",
+                r.scalar_type());
+    TORCH_CHECK(r.device() == device && r.is_contiguous(), "fusednorm: rowscale must be "
+                "contiguous and on ", device);
+  }
+  TORCH_CHECK(given(rng_state) == (dropout_p > 0.0), "fusednorm: rng_state must be given exactly "
+              "when dropout_p > 0");
+  if (given(rng_state)) {
+    const at::Tensor& s = *rng_state;
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == 2 && s.scalar_type() == at::kLong &&
+                    s.device() == device && s.is_contiguous(),
+                "fusednorm: rng_state must be a contiguous int64 tensor of shape [2] on ",
+                device, ", got ", s.scalar_type(), " ", s.sizes(), " on ", s.device());
+  }
+}
+
+// norm_fwd's dropout arguments: only with a residual (the dropout is of the added input).
+inline void check_norm_fwd_dropout(const at::Tensor& input,
+                                   const std::optional<at::Tensor>& residual, double dropout_p,
+                                   const std::optional<at::Tensor>& rowscale,
+                                   const std::optional<at::Tensor>& rng_state) {
+  TORCH_CHECK(given(residual) || (dropout_p == 0.0 && !given(rowscale)),
+              "fusednorm: dropout_p and rowscale need a residual");
+  check_dropout_args(input.size(0), input.device(), stats_dtype(input.scalar_type()), dropout_p,
+                     rowscale, rng_state);
+}
+
+// dropout_scale: grad [M, N] rows; dtype grad's, or float16/bfloat16 beside float32 grad.
+inline void check_dropout_scale_args(const at::Tensor& grad,
+                                     const std::optional<at::Tensor>& rowscale,
+                                     const at::Tensor& rng_state, double dropout_p,
+                                     at::ScalarType dtype) {
+  check_rows(grad, "grad");
+  TORCH_CHECK(sum_dtype_allowed(dtype, grad.scalar_type()), "fusednorm: dtype must be grad's (",
+              grad.scalar_type(), ") or float16/bfloat16 beside a float32 grad, got ", dtype);
+  // rng_state is [0] when dropout_p is 0 (the add ops' output then).
+  check_dropout_args(grad.size(0), grad.device(), stats_dtype(dtype), dropout_p, rowscale,
+                     rng_state.numel() > 0 ? std::optional<at::Tensor>(rng_state) : std::nullopt);
+}
+
 // norm_fwd: LayerNorm (centered) or RMSNorm (no mean, no bias), with an optional residual.
 // sum_dtype: the sum's (sum_dtype_allowed; only with a residual), which the residual may
-// have too.
+// have too; the dropout arguments as check_norm_fwd_dropout.
 inline void check_norm_fwd_args(const at::Tensor& input, const std::optional<at::Tensor>& residual,
                                 const std::optional<at::Tensor>& weight,
                                 const std::optional<at::Tensor>& bias, double eps,
                                 bool centered,
-                                std::optional<at::ScalarType> sum_dtype = std::nullopt) {
+                                std::optional<at::ScalarType> sum_dtype = std::nullopt,
+                                double dropout_p = 0.0,
+                                const std::optional<at::Tensor>& rowscale = std::nullopt,
+                                const std::optional<at::Tensor>& rng_state = std::nullopt) {
   check_rows(input, "input");
   TORCH_CHECK(eps >= 0.0, "fusednorm: eps must be >= 0, got ", eps);
   check_params(weight, bias, input);
@@ -128,6 +184,7 @@ inline void check_norm_fwd_args(const at::Tensor& input, const std::optional<at:
     TORCH_CHECK(given(residual), "fusednorm: sum_dtype needs a residual");
   }
   if (given(residual)) check_like_input(*residual, "residual", input, sum_dtype);
+  check_norm_fwd_dropout(input, residual, dropout_p, rowscale, rng_state);
 }
 
 inline void check_norm_bwd_args(const at::Tensor& grad_out,
