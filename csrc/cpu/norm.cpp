@@ -118,10 +118,12 @@ void dispatch_input_and_sum(at::ScalarType input, at::ScalarType sum, Fn&& fn) {
 // generator's dropout calls, as the CUDA generator does for its own (0, 4, 8, ... after
 // seeding): a call on a freshly seeded generator has offset 0, a call on the state the
 // previous call left behind that offset + 4, any other state (other random ops ran in
-// between) an offset drawn from the generator. Each call then draws once, so that the
-// state it leaves is never a freshly seeded one and a reseed (even with the same seed) is
-// seen. Deterministic under torch.manual_seed; one seed and one sequence of fusednorm
-// dropout calls give the masks that sequence gets on CUDA.
+// between) an offset drawn from the generator. A call leaves a state that no seed and
+// sequence of draws reaches (mt19937's left_ + next_ is 1 when freshly seeded, 625 after
+// any draw; we leave 624, which the next block's regeneration ends), so that "the state
+// the previous call left" is never mistaken for a reseeded one, nor for one that other
+// draws led to. Deterministic under torch.manual_seed; one seed and one sequence of
+// fusednorm dropout calls give the masks that sequence gets on CUDA.
 struct GeneratorRecord {
   bool valid = false;
   uint64_t offset = 0;
@@ -140,7 +142,7 @@ philox::Dropout draw_dropout(double p) {
   static GeneratorRecord record;  // guarded by the default generator's mutex
   const at::mt19937_data_pod now = impl->engine().data();
   uint64_t offset;
-  if (now.seeded_ && now.left_ == 1 && now.next_ == 0) {  // as mt19937::init_with_uint32 leaves it
+  if (now.seeded_ && now.left_ == 1 && now.next_ == 0) {  // as mt19937's seeding leaves it
     offset = 0;
   } else if (record.valid && same_state(record.state, now)) {
     offset = record.offset + 4;
@@ -148,7 +150,17 @@ philox::Dropout draw_dropout(double p) {
     offset = impl->random64() & ~uint64_t(3);
   }
   impl->random();
-  record = {true, offset, impl->engine().data()};
+  at::mt19937 engine = impl->engine();
+  at::mt19937_data_pod left = engine.data();
+  if (left.left_ < 2) {  // the block's last value: regenerate first (left_ stays >= 1)
+    impl->random();
+    engine = impl->engine();
+    left = engine.data();
+  }
+  left.left_ -= 1;
+  engine.set_data(left);
+  impl->set_engine(engine);
+  record = {true, offset, left};
   return {impl->current_seed(), offset, philox::dropout_threshold(p), philox::keep_scale(p)};
 }
 
