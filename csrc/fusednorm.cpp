@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <string_view>
 
 #include "cpu/gemm.h"
 #include "op_table.h"
@@ -41,13 +42,25 @@ std::string build_info() {
   return info;
 }
 
+bool draws_from_generator(std::string_view op) {
+  return op == "add_layer_norm" || op == "add_rms_norm" || op == "norm_fwd";
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fusednorm, m) {
   m.def("build_info() -> str", &build_info);
 
   // The public ops, then the backend ops they call (op_table.h says what each computes).
-#define FUSEDNORM_DEFINE_OP(name, schema, ...) m.def(schema);
+  // The ops that draw from the generator (dropout_p > 0) are tagged, so that torch.compile
+  // never recomputes them (a recomputation would draw another mask); its partitioner
+  // waives the tag where dropout_p is statically 0.
+#define FUSEDNORM_DEFINE_OP(name, schema, ...)                          \
+  if (draws_from_generator(#name)) {                                    \
+    m.def(schema, {at::Tag::nondeterministic_seeded});                  \
+  } else {                                                              \
+    m.def(schema);                                                      \
+  }
   FUSEDNORM_PUBLIC_OPS(FUSEDNORM_DEFINE_OP)
   FUSEDNORM_BACKEND_OPS(FUSEDNORM_DEFINE_OP)
 #undef FUSEDNORM_DEFINE_OP

@@ -135,7 +135,8 @@ def _norm_rules(op: str, out_roles: str, arg_roles: str, shape_arg: int):
     arg_roles = arg_roles.replace("d", ".")
 
     def rules(*args):
-        if dropout_at >= 0 and (args[dropout_at] > 0 or args[dropout_at + 1] is not None):
+        given = args[dropout_at:dropout_at + 2] if dropout_at >= 0 else ()
+        if (len(given) > 0 and given[0] > 0) or (len(given) > 1 and given[1] is not None):
             raise NotImplementedError(
                 f"fusednorm.{op}: dropout_p > 0 and rowscale are not supported for DTensor "
                 "inputs (the mask would repeat on every shard); apply dropout before the op")

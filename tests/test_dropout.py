@@ -201,6 +201,40 @@ def test_determinism_under_manual_seed(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_recomputes_the_same_mask(device, use_reentrant):
+    """torch.utils.checkpoint restores the generator's state for its recomputation: the
+    masks drawn again are the forward's (also after other dropout calls ran in between),
+    so the gradients are those of a plain run."""
+    n = 48
+    x = random_input((6, n), F32, device, seed=1).requires_grad_()
+    r = random_input((6, n), F32, device, seed=2).requires_grad_()
+    w = random_input((n,), F32, device, seed=3).requires_grad_()
+
+    def block(x, r):
+        out, s = fusednorm.add_layer_norm(x, r, (n,), w, None, 1e-5, dropout_p=0.3)
+        return fusednorm.add_layer_norm(out, s, (n,), w, None, 1e-5, dropout_p=0.3)
+
+    def step(checkpointed):
+        torch.manual_seed(0)
+        torch.rand(1, device=device)  # not a freshly seeded state: a drawn offset
+        if checkpointed:
+            out, s = torch.utils.checkpoint.checkpoint(block, x, r, use_reentrant=use_reentrant)
+        else:
+            out, s = block(x, r)
+        out, s = fusednorm.add_layer_norm(out, s, (n,), w, None, 1e-5, dropout_p=0.3)
+        for t in (x, r, w):
+            t.grad = None
+        (out * s).sum().backward()  # reentrant checkpointing refuses autograd.grad
+        return x.grad, r.grad, w.grad
+
+    # Equal up to the order in which w's three gradient terms are added (the reentrant
+    # form accumulates its segment's separately); another mask would be far off.
+    for got, want in zip(step(True), step(False)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16, F64])
 def test_backward_uses_the_forward_mask(device, kind, dtype):
@@ -415,3 +449,14 @@ def test_cuda_graph_capture_draws_a_new_mask_per_replay():
     assert not torch.equal(sums[0], sums[1])
     m = reference.dropout_multipliers(x.shape, 1, 0.5, *(int(v) for v in states[1]))
     assert torch.equal(sums[1], _expected_sum(x, r, m, torch.bfloat16))
+
+
+def test_dtensor_rules_refuse_dropout():
+    """Under DTensor the add ops' rule refuses dropout and rowscale (each shard would draw
+    its local rows' mask, the same on every rank), and takes the plain call."""
+    distributed = pytest.importorskip("fusednorm.distributed")
+    rules = distributed._norm_rules("add_rms_norm", "xxsR", "xx.p...d.", 2)
+    for tail in ((0.1, None), (0.0, object())):
+        with pytest.raises(NotImplementedError, match="dropout_p > 0 and rowscale"):
+            rules(None, None, [8], None, None, False, None, *tail)
+

@@ -9,7 +9,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <tuple>
 #include <utility>
 
@@ -116,40 +119,62 @@ void dispatch_input_and_sum(at::ScalarType input, at::ScalarType sum, Fn&& fn) {
 
 // The CPU generator has no Philox offset, so fusednorm keeps one for the default CPU
 // generator's dropout calls, as the CUDA generator does for its own (0, 4, 8, ... after
-// seeding): a call on a freshly seeded generator has offset 0, a call on the state the
-// previous call left behind that offset + 4, any other state (other random ops ran in
-// between) an offset drawn from the generator. A call leaves a state that no seed and
-// sequence of draws reaches (mt19937's left_ + next_ is 1 when freshly seeded, 625 after
-// any draw; we leave 624, which the next block's regeneration ends), so that "the state
-// the previous call left" is never mistaken for a reseeded one, nor for one that other
-// draws led to. Deterministic under torch.manual_seed; one seed and one sequence of
-// fusednorm dropout calls give the masks that sequence gets on CUDA.
-struct GeneratorRecord {
-  bool valid = false;
-  uint64_t offset = 0;
-  at::mt19937_data_pod state{};
+// seeding), and makes it a function of the generator's state, as every torch random op's
+// result is (so that torch.utils.checkpoint's recomputation, which restores the state,
+// draws the forward's mask again): a freshly seeded state has offset 0; a state that a
+// call left behind, that call's offset + 4 (remembered by the state's hash); any other
+// state (other random ops ran since) an offset drawn from it. Every call draws the same
+// amount and leaves a state that no seed and sequence of draws reaches (mt19937's left_ +
+// next_ is 1 when freshly seeded, 625 after any draw; we leave 624, which the next block's
+// regeneration ends), so a remembered state is never one a reseed or other draws led to.
+// One seed and one sequence of fusednorm dropout calls give the masks that sequence gets
+// on CUDA.
+class OffsetMemory {
+ public:
+  std::optional<uint64_t> find(uint64_t state) const {
+    const auto it = next_.find(state);
+    return it == next_.end() ? std::nullopt : std::optional<uint64_t>(it->second);
+  }
+
+  void remember(uint64_t state, uint64_t offset) {
+    if (next_.emplace(state, offset).second) order_.push_back(state);
+    if (order_.size() > kCapacity) {
+      next_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+
+ private:
+  // The calls one training step may make before its checkpointed segments recompute.
+  static constexpr size_t kCapacity = 4096;
+  std::unordered_map<uint64_t, uint64_t> next_;
+  std::deque<uint64_t> order_;
 };
 
-bool same_state(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
-  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.seeded_ == b.seeded_ &&
-         a.next_ == b.next_ && a.state_ == b.state_;
+uint64_t state_hash(const at::mt19937_data_pod& s) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over 32-bit words
+  const auto mix = [&h](uint64_t word) { h = (h ^ word) * 0x100000001b3ull; };
+  mix(s.seed_);
+  mix(static_cast<uint64_t>(s.left_));
+  mix(s.seeded_);
+  mix(s.next_);
+  for (const uint32_t word : s.state_) mix(word);
+  return h;
 }
 
 philox::Dropout draw_dropout(double p) {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
   std::lock_guard<std::mutex> lock(generator.mutex());
-  static GeneratorRecord record;  // guarded by the default generator's mutex
+  static OffsetMemory memory;  // guarded by the default generator's mutex
   const at::mt19937_data_pod now = impl->engine().data();
-  uint64_t offset;
+  const uint64_t drawn = impl->random64();
+  uint64_t offset = drawn & ~uint64_t(3);
   if (now.seeded_ && now.left_ == 1 && now.next_ == 0) {  // as mt19937's seeding leaves it
     offset = 0;
-  } else if (record.valid && same_state(record.state, now)) {
-    offset = record.offset + 4;
-  } else {
-    offset = impl->random64() & ~uint64_t(3);
+  } else if (const auto next = memory.find(state_hash(now))) {
+    offset = *next;
   }
-  impl->random();
   at::mt19937 engine = impl->engine();
   at::mt19937_data_pod left = engine.data();
   if (left.left_ < 2) {  // the block's last value: regenerate first (left_ stays >= 1)
@@ -160,7 +185,7 @@ philox::Dropout draw_dropout(double p) {
   left.left_ -= 1;
   engine.set_data(left);
   impl->set_engine(engine);
-  record = {true, offset, left};
+  memory.remember(state_hash(left), offset + 4);
   return {impl->current_seed(), offset, philox::dropout_threshold(p), philox::keep_scale(p)};
 }
 

@@ -47,8 +47,8 @@ Outputs autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                       OptDtype residual_dtype, double dropout_p, const OptTensor& rowscale) {
   const auto [sum, rng_state] = autocast_sum(kKind, input, residual, residual_dtype,
                                              Dropout{dropout_p, rowscale}, [&] {
-    return op().call(input, residual, normalized_shape, weight, bias, eps, zero_centered_weight,
-                     residual_dtype, dropout_p, rowscale);
+    return op().call(input, residual, normalized_shape, std::nullopt, std::nullopt, eps, false,
+                     residual_dtype, dropout_p, rowscale);  // its output unused: no parameters
   });
   auto [out, mean, rstd] = public_ops::layer_norm().call(sum, normalized_shape, weight, bias,
                                                          eps, zero_centered_weight);

@@ -53,9 +53,9 @@ Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                      OptDtype residual_dtype, double dropout_p, const OptTensor& rowscale) {
   const auto [sum, rng_state] = autocast_sum(kKind, input, residual, residual_dtype,
                                              Dropout{dropout_p, rowscale}, [&] {
-    auto [out, s, rstd, state] = op().call(input, residual, normalized_shape, weight, eps,
-                                           zero_centered_weight, residual_dtype, dropout_p,
-                                           rowscale);
+    // Its output is unused: no parameters.
+    auto [out, s, rstd, state] = op().call(input, residual, normalized_shape, std::nullopt, eps,
+                                           false, residual_dtype, dropout_p, rowscale);
     return Outputs{out, s, at::Tensor(), rstd, state};
   });
   auto [out, rstd] =

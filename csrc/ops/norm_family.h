@@ -160,7 +160,9 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
   const OptTensor r = kind.residual ? OptTensor(as_rows(*residual, dims)) : std::nullopt;
   if (sum_dtype == input.scalar_type()) sum_dtype = std::nullopt;
   at::Tensor rng_state;
-  if (kind.residual) rng_state = at::empty({dropout.p > 0.0 ? 2 : 0}, input.options().dtype(at::kLong));
+  if (kind.residual) {
+    rng_state = at::empty({dropout.p > 0.0 ? 2 : 0}, input.options().dtype(at::kLong));
+  }
   auto [out, sum, mean, rstd] = row_ops::norm_fwd().call(
       x, r, flat(weight), flat(bias), eps, kind.centered, sum_dtype, dropout.p,
       rowscale_rows(dropout.rowscale, input),
