@@ -48,9 +48,8 @@
 #include "cuda/norm_config.cuh"
 #include "cuda/norm_launch.h"
 
-// at::cuda::philox::unpack of norm_launch.h's at::PhiloxCudaState: the raw definition (the
-// kernels see no other ATen header).
-#include <ATen/cuda/detail/UnpackRaw.cuh>
+// at::cuda::philox::unpack of norm_launch.h's at::PhiloxCudaState (no other ATen header).
+#include <ATen/cuda/PhiloxUtils.cuh>
 
 namespace fusednorm::cuda {
 namespace {

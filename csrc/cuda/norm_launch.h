@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
-// at::PhiloxCudaState: the raw definition (no other ATen header), as nvcc may see it.
-#include <ATen/cuda/detail/PhiloxCudaStateRaw.cuh>
+// at::PhiloxCudaState (its header includes no other ATen header).
+#include <ATen/cuda/PhiloxCudaState.h>
 
 namespace fusednorm::cuda {
 
