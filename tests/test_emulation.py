@@ -3,7 +3,8 @@ tests/emulation compiles csrc/cuda/norm_kernels.cuh (launchers and kernels) as h
 C++ against an emulation of the CUDA built-ins they use, and runs every size bucket, the
 chunked long-row paths, odd sizes, misaligned views and every parameter case against a
 float64 reference, in three thread schedules: LayerNorm fully, and RMSNorm and the residual
-variants (forward residual / backward grad_sum) over a subset of sizes in every path. See tests/emulation/README.md for what the
+variants (forward residual / backward grad_sum) over a subset of sizes in every path, the
+forward with dropout / rowscale in every path, and dropout_scale. See tests/emulation/README.md for what the
 emulation does and does not see.
 
 Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is
@@ -405,9 +406,10 @@ def test_emulated_layer_norm_more_chunks_than_a_warp(harness, t, p):
 
 # Dropout and rowscale in the forward with a residual (add_layer_norm / add_rms_norm:
 # norm_fwd_dropout_cuda), as harness flags: dropout_p, a rowscale, rowscale alone (p = 0: no
-# draws), and the generator's state as a CUDA graph capture leaves it (pointers).
+# draws), the generator's state as a CUDA graph capture leaves it (pointers), and a p > 0
+# whose threshold rounds to 0 (no draws, rng_state still written).
 DROPOUT_FLAGS = ["drop=0.1", "drop=0.5 rowscale", "drop=1 rowscale", "rowscale",
-                 "drop=0.5 captured"]
+                 "drop=0.5 captured", "drop=1e-12"]
 
 
 def dropout_cases(t, p, variant):
@@ -417,20 +419,22 @@ def dropout_cases(t, p, variant):
     flag set of DROPOUT_FLAGS in turn. The sum must be exact: one rounding of x * m in the
     accumulator, then of + residual, with the mask from common/philox.h's rule."""
     vec = 16 // SIZE[t]
-    sizes = [(packs * vec, 0, "", 0) for packs in (1, 3, 33, 129, 2049)]
-    sizes += [(n, 0, "", 0) for n in (7, 129, 2049)]
-    sizes += [(100 * vec, SIZE[t], "", 0), (64 * vec, 0, "resmis", 0)]
-    for vectorized in (True, False):
+    sizes = [(packs * vec, 0, "", 0, None) for packs in (1, 3, 33, 129, 2049)]
+    sizes += [(n, 0, "", 0, None) for n in (7, 129, 2049)]
+    sizes += [(100 * vec, SIZE[t], "", 0, None), (64 * vec, 0, "resmis", 0, "drop=0.5 rowscale")]
+    # Long rows each with a mask drawn (the three-launch path draws it in two launches).
+    for vectorized, flags in ((True, ("drop=0.5 rowscale", "drop=0.1 captured")),
+                              (False, ("drop=0.1", "drop=0.5 rowscale"))):
         big = largest_row("fwd", t, vectorized)
         two = 2 * big if vectorized else 2 * big + 1
-        sizes += [(two, 0, " clusters", 1), (two, 0, "", 0)]
+        sizes += [(two, 0, " clusters", 1, flags[0]), (two, 0, "", 0, flags[1])]
     cases = []
-    for i, (n, x_mis, extra, clustered) in enumerate(sizes):
+    for i, (n, x_mis, extra, clustered, drop) in enumerate(sizes):
         flags = variant.replace("res", "resmis") if extra == "resmis" else variant
         flags += extra if extra != "resmis" else ""
+        drop = drop or DROPOUT_FLAGS[i % len(DROPOUT_FLAGS)]
         cases.append((f"fwd {t} {p} {rows_for(n)} {n} {variant_affine(variant, i)} {x_mis} 0 "
-                      f"{ORDERS[i % len(ORDERS)]} 2 {flags} {DROPOUT_FLAGS[i % len(DROPOUT_FLAGS)]}",
-                      clustered))
+                      f"{ORDERS[i % len(ORDERS)]} 2 {flags} {drop}", clustered))
     return cases
 
 

@@ -65,7 +65,8 @@ DeviceInfo device_info(const at::Tensor& t) {
 template <typename T, typename P, typename IO>
 void launch(const NormFwdArgs<T, P, IO>& args, bool centered, Workspace& ws, DeviceInfo dev,
             cudaStream_t stream) {
-  const bool multiplied = args.threshold != 0 || args.rowscale != nullptr;
+  // (rng_state: dropout_p > 0, even one whose threshold rounds to 0: the state is written)
+  const bool multiplied = args.rng_state != nullptr || args.rowscale != nullptr;
   if (multiplied) {
     if (centered) return norm_fwd_dropout_cuda<true>(args, ws, dev, stream);
     return norm_fwd_dropout_cuda<false>(args, ws, dev, stream);

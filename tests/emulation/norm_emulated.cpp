@@ -3,8 +3,9 @@
 // and checks every output against a float64 reference computed here. Reads cases from
 // stdin, one per line:
 //
-//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters[=K]]
-//            [rms] [res | resmis] [outlier] [far] [wide] [narrow]
+//   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
+//            [clusters[=K]] [rms] [res | resmis] [outlier] [far] [wide] [narrow]
+//            [drop=P] [rowscale] [captured]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -28,7 +29,12 @@
 // it is off by thousands of the bound's units); wide (T f16 or bf16, P f32): a float32
 // residual stream, the kernels' float instantiation with T's x, y and dy (NormFwdArgs' IO):
 // the residual, the sum, the backward's x, grad_sum and dx are float32; narrow (with wide
-// and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io). Prints
+// and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io);
+// drop=P / rowscale (forward with res): s = x * m + residual with common/philox.h's
+// multipliers (norm_fwd_dropout_cuda), the sum exact against the rule computed here and
+// rng_state checked; captured: the generator's state as pointers (CUDA-graph capture).
+// dscale: dropout_scale.cuh's kernel, out of T from grad of P (T's, or f32 beside 16-bit T),
+// grad / out x_misalign / p_misalign bytes off, with drop=P / rowscale; affine ignored. Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
 // the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>:
 // why" per line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned
