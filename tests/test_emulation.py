@@ -4,8 +4,8 @@ C++ against an emulation of the CUDA built-ins they use, and runs every size buc
 chunked long-row paths, odd sizes, misaligned views and every parameter case against a
 float64 reference, in three thread schedules: LayerNorm fully, and RMSNorm and the residual
 variants (forward residual / backward grad_sum) over a subset of sizes in every path, the
-forward with dropout / rowscale in every path, and dropout_scale. See tests/emulation/README.md for what the
-emulation does and does not see.
+forward with dropout / rowscale in every path, and dropout_scale. See
+tests/emulation/README.md for what the emulation does and does not see.
 
 Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is
 a failure instead).

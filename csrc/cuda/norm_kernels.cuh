@@ -409,7 +409,9 @@ __device__ __forceinline__ acc_type_t<T> row_shift_dropout(
   philox::Block b0{}, b1{};
   if (d.threshold != 0) {
     b0 = philox::draws(key.seed, key.offset, first / 4);
-    if (lane0 + std::min<int64_t>(N, 3) > 4) b1 = philox::draws(key.seed, key.offset, first / 4 + 1);
+    if (lane0 + std::min<int64_t>(N, 3) > 4) {
+      b1 = philox::draws(key.seed, key.offset, first / 4 + 1);
+    }
   }
   return row_shift_of<acc_t>(N, [&](int64_t j) {
     const int k = lane0 + static_cast<int>(j);
@@ -1246,7 +1248,9 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     const auto launch = [&] {
-      with_extra([&](const auto&... extra) { launch_rows<kTpr>(kernel, p, grid, stream, extra...); });
+      with_extra([&](const auto&... extra) {
+        launch_rows<kTpr>(kernel, p, grid, stream, extra...);
+      });
     };
     if (split.chunks == 1) {
       p.mode = kFull;
