@@ -12,6 +12,7 @@
 #include "common/checks.h"
 #include "common/philox.h"
 #include "cuda/dropout_scale.cuh"
+#include "op_table.h"
 
 namespace fusednorm::cuda {
 namespace {
@@ -73,6 +74,10 @@ at::Tensor dropout_scale(const at::Tensor& grad, const std::optional<at::Tensor>
 
 }  // namespace
 }  // namespace fusednorm::cuda
+
+// The signature op_table.h gives (the dispatcher checks it again when fusednorm._C loads).
+static_assert(std::is_same_v<decltype(fusednorm::cuda::dropout_scale),
+                             fusednorm::op_table::dropout_scale>);
 
 TORCH_LIBRARY_IMPL(fusednorm, CUDA, m) {
   m.impl("dropout_scale", &fusednorm::cuda::dropout_scale);

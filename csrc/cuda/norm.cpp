@@ -17,9 +17,11 @@
 #include <atomic>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/philox.h"
+#include "op_table.h"
 #include "common/dispatch.h"
 #include "cuda/norm_launch.h"
 #include "cuda/norm_workspace.h"
@@ -283,6 +285,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
 
 }  // namespace
 }  // namespace fusednorm::cuda
+
+// The signatures op_table.h gives (the dispatcher checks them again when fusednorm._C loads).
+static_assert(std::is_same_v<decltype(fusednorm::cuda::norm_fwd), fusednorm::op_table::norm_fwd>);
+static_assert(std::is_same_v<decltype(fusednorm::cuda::norm_bwd), fusednorm::op_table::norm_bwd>);
 
 TORCH_LIBRARY_IMPL(fusednorm, CUDA, m) {
   m.impl("norm_fwd", &fusednorm::cuda::norm_fwd);
