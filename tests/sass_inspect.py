@@ -98,12 +98,13 @@ def read_kernels(library: str, cuobjdump: str) -> dict[tuple[str, str], Kernel]:
 
 # Template arguments of the norm-family row kernels in their mangled names:
 # norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO> (CENTERED: LayerNorm;
-# not: RMSNorm; IO: the type of x, y and dy, T's or 16-bit beside a float T).
+# not: RMSNorm; IO: the type of x, y and dy, T's or 16-bit beside a float T), and the
+# forward with dropout / rowscale, norm_fwd_dropout_kernel, with the same arguments.
 _ELEMENT = {"N3c104HalfE": "float16", "N3c108BFloat16E": "bfloat16", "f": "float32", "d": "float64"}
 # The parameter type P follows T: "f" (float beside a 16-bit T), or T again (a "d", an "f", or
 # a substitution "S<n>_" of T's name).
 _ROW_KERNEL = re.compile(
-    r"\dnorm_(fwd|bwd)_kernelI(N3c104HalfE|N3c108BFloat16E|f|d)(S[0-9A-Z]*_|f|d)?.*?"
+    r"\dnorm_(fwd|bwd)(_dropout)?_kernelI(N3c104HalfE|N3c108BFloat16E|f|d)(S[0-9A-Z]*_|f|d)?.*?"
     r"Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?(N3c104HalfE|N3c108BFloat16E|S[0-9A-Z]*_|f|d)?E"
 )
 
@@ -119,6 +120,7 @@ class RowKernel:
     centered: bool = True  # LayerNorm; False: RMSNorm
     param: str = ""  # dtype of weight/bias: x's, or "float32" beside a 16-bit x
     io: str = ""  # dtype of x, y and dy: dtype's, or 16-bit beside a float32 sum
+    dropout: bool = False  # norm_fwd_dropout_kernel (s = x * m + residual)
 
     @property
     def block(self) -> int:
@@ -130,24 +132,28 @@ class RowKernel:
         return self.vec > 1
 
 
-def row_kernel(name: str) -> RowKernel | None:
+def row_kernel(name: str, dropout: bool = False) -> RowKernel | None:
+    """The row kernel's template arguments; the dropout forwards only when `dropout`."""
     m = _ROW_KERNEL.search(name)
-    if m is None:
+    if m is None or (m.group(2) is not None and not dropout):
         return None
-    direction, element, param, vec, tpr, items, cluster, centered, io = m.groups()
+    direction, drop, element, param, vec, tpr, items, cluster, centered, io = m.groups()
     dtype = _ELEMENT[element]
     return RowKernel(direction, dtype, int(vec), int(tpr), int(items), cluster == "1",
-                     centered != "0", _ELEMENT.get(param, dtype), _ELEMENT.get(io, dtype))
+                     centered != "0", _ELEMENT.get(param, dtype), _ELEMENT.get(io, dtype),
+                     drop is not None)
 
 
 # Launch block sizes of the other kernels (csrc/cuda/norm_config.cuh, and the constants next to
 # the other launches in csrc/cuda).
 OTHER_BLOCKS = {
     "norm_merge_stats_kernel": 128,  # kMergeThreads (norm_config.cuh)
+    "norm_merge_stats_dropout_kernel": 128,  # kMergeThreads
     "norm_merge_sums_kernel": 128,  # kMergeThreads
     "sum_partial_rows_kernel": 256,  # kSumThreads
     "layer_norm_apply_kernel": 256,  # kThreads
     "layer_norm_mean_rest_kernel": 256,  # kThreads (layer_norm_apply.cu)
+    "dropout_scale_kernel": 256,  # kDropoutScaleThreads (dropout_scale.cuh)
     "gelu_kernel": 256,  # kElementwiseThreads
     "column_slab_kernel": 256,  # kSlabColThreads * kSlabRowThreads
     "sum_slabs_kernel": 256,  # kElementwiseThreads
@@ -155,7 +161,7 @@ OTHER_BLOCKS = {
 
 
 def launch_block(name: str) -> int | None:
-    rk = row_kernel(name)
+    rk = row_kernel(name, dropout=True)
     if rk is not None:
         return rk.block
     for family, block in OTHER_BLOCKS.items():

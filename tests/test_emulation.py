@@ -3,8 +3,9 @@ tests/emulation compiles csrc/cuda/norm_kernels.cuh (launchers and kernels) as h
 C++ against an emulation of the CUDA built-ins they use, and runs every size bucket, the
 chunked long-row paths, odd sizes, misaligned views and every parameter case against a
 float64 reference, in three thread schedules: LayerNorm fully, and RMSNorm and the residual
-variants (forward residual / backward grad_sum) over a subset of sizes in every path. See tests/emulation/README.md for what the
-emulation does and does not see.
+variants (forward residual / backward grad_sum) over a subset of sizes in every path, the
+forward with dropout / rowscale in every path, and dropout_scale. See
+tests/emulation/README.md for what the emulation does and does not see.
 
 Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is
 a failure instead).
@@ -401,3 +402,78 @@ def test_emulated_layer_norm_more_chunks_than_a_warp(harness, t, p):
     results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
     assert code == 0 and len(results) == 1 and results[0].startswith("ok "), (
         f"exit {code}:\n{out[-2000:]}\n{err[-2000:]}")
+
+
+# Dropout and rowscale in the forward with a residual (add_layer_norm / add_rms_norm:
+# norm_fwd_dropout_cuda), as harness flags: dropout_p, a rowscale, rowscale alone (p = 0: no
+# draws), the generator's state as a CUDA graph capture leaves it (pointers), and a p > 0
+# whose threshold rounds to 0 (no draws, rng_state still written).
+DROPOUT_FLAGS = ["drop=0.1", "drop=0.5 rowscale", "drop=1 rowscale", "rowscale",
+                 "drop=0.5 captured", "drop=1e-12"]
+
+
+def dropout_cases(t, p, variant):
+    """(case line, expected clustered launches) of forwards with multipliers: buckets of
+    several sizes in 16-byte packs, odd rows (one-element packs), a misaligned x, a residual
+    misaligned alone, and long rows chunked in three launches or held by a cluster, each
+    flag set of DROPOUT_FLAGS in turn. The sum must be exact: one rounding of x * m in the
+    accumulator, then of + residual, with the mask from common/philox.h's rule."""
+    vec = 16 // SIZE[t]
+    sizes = [(packs * vec, 0, "", 0, None) for packs in (1, 3, 33, 129, 2049)]
+    sizes += [(n, 0, "", 0, None) for n in (7, 129, 2049)]
+    sizes += [(100 * vec, SIZE[t], "", 0, None), (64 * vec, 0, "resmis", 0, "drop=0.5 rowscale")]
+    # Long rows each with a mask drawn (the three-launch path draws it in two launches).
+    for vectorized, flags in ((True, ("drop=0.5 rowscale", "drop=0.1 captured")),
+                              (False, ("drop=0.1", "drop=0.5 rowscale"))):
+        big = largest_row("fwd", t, vectorized)
+        two = 2 * big if vectorized else 2 * big + 1
+        sizes += [(two, 0, " clusters", 1, flags[0]), (two, 0, "", 0, flags[1])]
+    cases = []
+    for i, (n, x_mis, extra, clustered, drop) in enumerate(sizes):
+        flags = variant.replace("res", "resmis") if extra == "resmis" else variant
+        flags += extra if extra != "resmis" else ""
+        drop = drop or DROPOUT_FLAGS[i % len(DROPOUT_FLAGS)]
+        cases.append((f"fwd {t} {p} {rows_for(n)} {n} {variant_affine(variant, i)} {x_mis} 0 "
+                      f"{ORDERS[i % len(ORDERS)]} 2 {flags} {drop}", clustered))
+    return cases
+
+
+@pytest.mark.parametrize("variant", ["res", "rms res"])
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_dropout_forward(harness, t, p, variant):
+    """s = dropout(x) * rowscale + residual, then the norm, in every forward path, against
+    float64 (the sum exactly), with rng_state checked to hold the (seed, offset) drawn with."""
+    check_ok_with_cluster_launches(harness, dropout_cases(t, p, variant))
+
+
+@pytest.mark.parametrize("variant", ["res wide", "rms res wide", "res wide narrow"])
+@pytest.mark.parametrize("t, p", WIDE_PAIRS, ids=[f"{t}-{p}" for t, p in WIDE_PAIRS])
+def test_emulated_dropout_float32_residual_stream(harness, t, p, variant):
+    """The same for a float32 sum beside 16-bit inputs (residual_dtype; narrow: a residual of
+    the input's dtype): x * m and the add in float32."""
+    cases = dropout_cases(t, p, variant)
+    big = largest_row("fwd", "f32", True)
+    cases = [case for case in cases if f" {2 * largest_row('fwd', t, True)} " not in case[0]]
+    cases += [(f"fwd {t} {p} 3 {2 * big} w 0 0 shuffle 2 clusters {variant} drop=0.5 rowscale", 1),
+              (f"fwd {t} {p} 3 {2 * big} w 0 0 desc 2 {variant} drop=0.1", 0)]
+    check_ok_with_cluster_launches(harness, cases)
+
+
+# dropout_scale: (out dtype, grad dtype), grad of out's dtype or float32 beside 16-bit.
+DSCALE_PAIRS = [("f32", "f32"), ("f64", "f64"), ("f16", "f16"), ("f16", "f32"),
+                ("bf16", "bf16"), ("bf16", "f32")]
+
+
+@pytest.mark.parametrize("o, g", DSCALE_PAIRS, ids=[f"{o}-{g}" for o, g in DSCALE_PAIRS])
+def test_emulated_dropout_scale(harness, o, g):
+    """dropout_scale's kernel (grad * m, a thread per quad of flat indices): rows shorter than
+    a quad and odd lengths (quads across rows), aligned and misaligned grad / out, a grid
+    that strides (132 multiprocessors of work on 2), every flag set; exact against the rule."""
+    lines = []
+    for i, (m, n, g_mis, o_mis, sms) in enumerate([
+            (5, 1, 0, 0, 2), (7, 3, 0, 0, 2), (9, 7, SIZE[g], 0, 2), (3, 64, 0, 0, 2),
+            (37, 1000, 0, 0, 2), (5, 4097, 0, SIZE[o], 132), (301, 129, 0, 0, 2),
+            (2, 2, 0, 0, 2)]):
+        flags = DROPOUT_FLAGS[i % len(DROPOUT_FLAGS)].replace(" captured", "")
+        lines.append(f"dscale {o} {g} {m} {n} none {g_mis} {o_mis} {ORDERS[i % 3]} {sms} {flags}")
+    check_all_ok(harness, lines)

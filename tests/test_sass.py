@@ -47,7 +47,9 @@ def kernels():
 
 
 def row_kernels():
-    return [(k, row_kernel(k.name)) for k in kernels().values() if row_kernel(k.name) is not None]
+    """Every norm row kernel, the forwards with dropout (rk.dropout) included."""
+    found = [(k, row_kernel(k.name, dropout=True)) for k in kernels().values()]
+    return [(k, rk) for k, rk in found if rk is not None]
 
 
 def test_sass_inventory_has_every_row_kernel_path():
@@ -56,6 +58,8 @@ def test_sass_inventory_has_every_row_kernel_path():
     cannot pass by finding nothing."""
     found = {}
     for k, rk in row_kernels():
+        if rk.dropout:
+            continue
         found.setdefault(k.arch, set()).add(
             (rk.direction, rk.dtype, rk.vectorized, rk.cluster, rk.centered))
     assert found, "no norm row kernels in the library's SASS"
@@ -74,6 +78,26 @@ def test_sass_inventory_has_every_row_kernel_path():
     assert wide == {(d, io, v) for d in ("fwd", "bwd") for io in ("float16", "bfloat16")
                     for v in (True, False)}, sorted(wide)
     assert all(sum(k.ops.values()) > 0 for k, _ in row_kernels()), "kernels without instructions"
+
+
+def test_sass_inventory_has_every_dropout_forward_path():
+    """The forwards with dropout / rowscale (norm_fwd_dropout_kernel): every dtype and the
+    float32 sum beside 16-bit inputs, both layouts, with and without clusters, LayerNorm and
+    RMSNorm; and LayerNorm's merge kernel of their chunked rows."""
+    found = {}
+    for k, rk in row_kernels():
+        if rk.dropout:
+            found.setdefault(k.arch, set()).add((rk.dtype, rk.io, rk.vectorized, rk.cluster,
+                                                 rk.centered))
+    assert found, "no dropout forward kernels in the library's SASS"
+    ios = {(t, t) for t in DTYPES} | {("float32", "float16"), ("float32", "bfloat16")}
+    for arch, paths in found.items():
+        missing = {(t, io, v, c, centered) for t, io in ios for v in (True, False)
+                   for c in (True, False) for centered in (True, False)} - paths
+        assert not missing, f"{arch}: no dropout SASS for {sorted(missing)}"
+        merges = [k for k in kernels().values()
+                  if k.arch == arch and "norm_merge_stats_dropout_kernel" in k.name]
+        assert merges, f"{arch}: no norm_merge_stats_dropout_kernel"
 
 
 def test_sass_16bit_vector_kernels_have_no_2_byte_stores():
@@ -104,10 +128,11 @@ def test_sass_vector_kernels_store_16_bytes():
 
 def test_sass_no_local_memory_in_norm_kernels():
     """No spills (stack frame, local memory, LDL/STL) in any norm-family kernel (LayerNorm,
-    RMSNorm, the apply kernels), float64 ones included."""
+    RMSNorm, their forwards with dropout, the apply kernels, dropout_scale), float64 ones
+    included."""
     bad = []
     for k in kernels().values():
-        if "norm_" not in k.name and "sum_partial_rows" not in k.name:
+        if not any(f in k.name for f in ("norm_", "sum_partial_rows", "dropout_scale")):
             continue
         spill_ops = sum(n for op, n in k.ops.items() if op.startswith(("LDL", "STL")))
         if k.stack or k.local or spill_ops:
@@ -153,8 +178,9 @@ def test_sass_figures_cover_every_bucket(tmp_path):
     rows = sass_figures.figures(kernels())
     got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["io_dtype"],
             r["param_dtype"], r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
+    # (the figures leave the dropout forwards out)
     want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.io, rk.param, rk.vec, rk.tpr,
-             rk.items, rk.cluster) for k, rk in row_kernels()}
+             rk.items, rk.cluster) for k, rk in row_kernels() if not rk.dropout}
     assert got == want and len(rows) == len(want)
     for arch in {r["arch"] for r in rows}:
         paths = {(r["pass"], r["kind"], r["dtype"], r["param_dtype"], r["layout"])

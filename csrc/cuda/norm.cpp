@@ -4,6 +4,8 @@
 // in norm_kernels.cuh, compiled per kind, pass and dtype (norm_instances.cuh). Host code
 // only, compiled by the C++ compiler (no ATen headers pass through nvcc).
 
+#include <ATen/core/Generator.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAException.h>
@@ -13,9 +15,13 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "common/checks.h"
+#include "common/philox.h"
+#include "op_table.h"
 #include "common/dispatch.h"
 #include "cuda/norm_launch.h"
 #include "cuda/norm_workspace.h"
@@ -56,12 +62,60 @@ DeviceInfo device_info(const at::Tensor& t) {
   return {index, sm_count};
 }
 
-// The kernels' entry for an argument struct: LayerNorm's (centered) or RMSNorm's.
+// The kernels' entry for an argument struct: LayerNorm's (centered) or RMSNorm's, with the
+// multipliers (dropout / rowscale) when the arguments have them.
 template <typename T, typename P, typename IO>
 void launch(const NormFwdArgs<T, P, IO>& args, bool centered, Workspace& ws, DeviceInfo dev,
             cudaStream_t stream) {
+  // (rng_state: dropout_p > 0, even one whose threshold rounds to 0: the state is written)
+  const bool multiplied = args.rng_state != nullptr || args.rowscale != nullptr;
+  if (multiplied) {
+    if (centered) return norm_fwd_dropout_cuda<true>(args, ws, dev, stream);
+    return norm_fwd_dropout_cuda<false>(args, ws, dev, stream);
+  }
   if (centered) return norm_fwd_cuda<true>(args, ws, dev, stream);
   norm_fwd_cuda<false>(args, ws, dev, stream);
+}
+
+// The multipliers of a norm_fwd call (common/philox.h): with dropout_p > 0, an offset
+// reserved on the device's default generator, whose state the kernels unpack (a captured
+// CUDA graph then replays with the generator's new offsets) and write to rng_state.
+struct Multipliers {
+  at::PhiloxCudaState philox{};
+  uint64_t threshold = 0;
+  double keep_scale = 1.0;
+  const void* rowscale = nullptr;
+  int64_t* rng_state = nullptr;
+};
+
+Multipliers forward_multipliers(const at::Tensor& input, double dropout_p,
+                                const std::optional<at::Tensor>& rowscale,
+                                const std::optional<at::Tensor>& rng_state) {
+  Multipliers m;
+  m.keep_scale = philox::keep_scale(dropout_p);
+  m.rowscale = present(rowscale) ? rowscale->const_data_ptr() : nullptr;
+  if (dropout_p > 0.0) {
+    at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(input.device().index());
+    auto* impl = at::check_generator<at::CUDAGeneratorImpl>(generator);
+    {
+      std::lock_guard<std::mutex> lock(impl->mutex_);
+      m.philox = impl->philox_cuda_state(4);  // one Philox counter block per call
+    }
+    m.threshold = philox::dropout_threshold(dropout_p);
+    m.rng_state = rng_state->mutable_data_ptr<int64_t>();
+  }
+  return m;
+}
+
+// args with the multipliers m (rowscale of acc_t, the statistics' dtype).
+template <typename T, typename P, typename IO>
+NormFwdArgs<T, P, IO> with_multipliers(NormFwdArgs<T, P, IO> args, const Multipliers& m) {
+  args.philox = m.philox;
+  args.threshold = m.threshold;
+  args.keep_scale = m.keep_scale;
+  args.rowscale = static_cast<const acc_type_t<T>*>(m.rowscale);
+  args.rng_state = m.rng_state;
+  return args;
 }
 
 template <typename T, typename P, typename IO>
@@ -109,13 +163,15 @@ void launch_typed(const at::Tensor& input, const std::optional<at::Tensor>& weig
 }
 
 // norm_fwd: outputs as the CPU entry's (csrc/cpu/norm.cpp): sum is [0] without a residual,
-// mean is [0] for RMSNorm (centered = false).
+// mean is [0] for RMSNorm (centered = false). With no rows nothing is drawn (as on the CPU).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
     const at::Tensor& input, const std::optional<at::Tensor>& residual,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
-    bool centered, std::optional<at::ScalarType> sum_dtype) {
+    bool centered, std::optional<at::ScalarType> sum_dtype, double dropout_p,
+    const std::optional<at::Tensor>& rowscale, const std::optional<at::Tensor>& rng_state) {
   check_on_cuda(input, "input");
-  check_norm_fwd_args(input, residual, weight, bias, eps, centered, sum_dtype);
+  check_norm_fwd_args(input, residual, weight, bias, eps, centered, sum_dtype, dropout_p, rowscale,
+                      rng_state);
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   const int64_t M = input.size(0), N = input.size(1);
   const at::ScalarType sum_type = sum_dtype.value_or(input.scalar_type());
@@ -126,18 +182,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
   at::Tensor mean = at::empty({centered ? M : 0}, stats_options);
   at::Tensor rstd = at::empty({M}, stats_options);
   if (M == 0) return {out, sum, mean, rstd};
+  const Multipliers mult = forward_multipliers(input, dropout_p, rowscale, rng_state);
 
   if (sum_type != input.scalar_type()) {
     const auto w = widened(weight), b = widened(bias);
     const bool wide_residual = residual->scalar_type() == at::kFloat;
     launch_float_sum(input, centered, [&](auto io_tag) {
       using IO = decltype(io_tag);
-      return NormFwdArgs<float, float, IO>{
-          input.const_data_ptr<IO>(), data_or_null<float>(w), data_or_null<float>(b),
-          out.mutable_data_ptr<IO>(), out_or_null<float>(mean), rstd.mutable_data_ptr<float>(),
-          M, N, eps, wide_residual ? residual->const_data_ptr<float>() : nullptr,
-          sum.mutable_data_ptr<float>(),
-          wide_residual ? nullptr : residual->const_data_ptr<IO>()};
+      return with_multipliers(
+          NormFwdArgs<float, float, IO>{
+              input.const_data_ptr<IO>(), data_or_null<float>(w), data_or_null<float>(b),
+              out.mutable_data_ptr<IO>(), out_or_null<float>(mean),
+              rstd.mutable_data_ptr<float>(), M, N, eps,
+              wide_residual ? residual->const_data_ptr<float>() : nullptr,
+              sum.mutable_data_ptr<float>(),
+              wide_residual ? nullptr : residual->const_data_ptr<IO>()},
+          mult);
     });
     return {out, sum, mean, rstd};
   }
@@ -146,10 +206,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
     using T = decltype(input_tag);
     using P = decltype(param_tag);
     using acc_t = acc_type_t<T>;
-    return NormFwdArgs<T, P>{
-        input.const_data_ptr<T>(), data_or_null<P>(weight), data_or_null<P>(bias),
-        out.mutable_data_ptr<T>(), out_or_null<acc_t>(mean), rstd.mutable_data_ptr<acc_t>(),
-        M, N, eps, data_or_null<T>(residual), out_or_null<T>(sum)};
+    return with_multipliers(
+        NormFwdArgs<T, P>{input.const_data_ptr<T>(), data_or_null<P>(weight),
+                          data_or_null<P>(bias), out.mutable_data_ptr<T>(),
+                          out_or_null<acc_t>(mean), rstd.mutable_data_ptr<acc_t>(), M, N, eps,
+                          data_or_null<T>(residual), out_or_null<T>(sum)},
+        mult);
   });
   return {out, sum, mean, rstd};
 }
@@ -223,6 +285,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
 
 }  // namespace
 }  // namespace fusednorm::cuda
+
+// The signatures op_table.h gives (the dispatcher checks them again when fusednorm._C loads).
+static_assert(std::is_same_v<decltype(fusednorm::cuda::norm_fwd), fusednorm::op_table::norm_fwd>);
+static_assert(std::is_same_v<decltype(fusednorm::cuda::norm_bwd), fusednorm::op_table::norm_bwd>);
 
 TORCH_LIBRARY_IMPL(fusednorm, CUDA, m) {
   m.impl("norm_fwd", &fusednorm::cuda::norm_fwd);

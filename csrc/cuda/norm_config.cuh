@@ -73,11 +73,15 @@ struct BwdVecBucketsGradSum16 {
 template <typename T, typename P>
 constexpr bool kWideFwd = sizeof(T) == 8 || sizeof(P) > sizeof(T);
 
-// Which table each pass takes, by input dtype T and parameter dtype P.
-template <typename T, typename P>
-using FwdVecTable = std::conditional_t<kWideFwd<T, P>, FwdVecBucketsWide, FwdVecBuckets>;
-template <typename T>
-using FwdScalarTable = std::conditional_t<sizeof(T) == 8, FwdScalarBucketsWide, FwdScalarBuckets>;
+// Which table each pass takes, by input dtype T and parameter dtype P. The forward with
+// dropout (DROPOUT) takes the Wide ones for every dtype: its draws beside the packs spilled
+// at 64 registers (kFwdDropoutMinBlocks).
+template <typename T, typename P, bool DROPOUT = false>
+using FwdVecTable =
+    std::conditional_t<kWideFwd<T, P> || DROPOUT, FwdVecBucketsWide, FwdVecBuckets>;
+template <typename T, bool DROPOUT = false>
+using FwdScalarTable =
+    std::conditional_t<sizeof(T) == 8 || DROPOUT, FwdScalarBucketsWide, FwdScalarBuckets>;
 template <typename T>
 using BwdVecBuckets = BwdVecBucketList;
 // LayerNorm with a grad_sum: kernels that add it (kBwdGradSum).
@@ -128,6 +132,12 @@ template <typename T, typename P, int TPR, int ITEMS>
 constexpr int kFwdMinBlocks =
     std::max(1, (sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024) /
                     RowLayout<TPR>::kBlock);
+
+// The forward kernels with dropout (norm_fwd_dropout_kernel): 512 threads (128 registers)
+// in every bucket; at 64 most buckets spilled (the draws, and the key and factor held
+// across the row, beside the packs).
+template <int TPR>
+constexpr int kFwdDropoutMinBlocks = std::max(1, 512 / RowLayout<TPR>::kBlock);
 
 // Whether a bucket holds its weight (and bias) packs in registers across rows: when they take
 // at most 8 registers each (the buckets of up to 2 packs per thread), or 4 on sm_100 and

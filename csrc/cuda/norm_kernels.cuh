@@ -3,10 +3,13 @@
 // (CENTERED = true) and RMSNorm (CENTERED = false: mean(x^2) instead of a Welford mean and
 // variance, no mean, no bias), each with an optional residual (runtime pointers, so that it
 // costs no instantiation: forward s = x + residual rounded to T, written out and normalized;
-// backward adds grad_sum to dx before its one rounding). Included by norm_instances.cuh,
-// which setup.py compiles once per kind, pass and input dtype; the entries at the end
-// (norm_fwd_cuda, norm_bwd_cuda) are what those files instantiate. Everything else here has
-// internal linkage: each of those files holds its own copies of what it uses.
+// backward adds grad_sum to dx before its one rounding). The forward with dropout and
+// rowscale (s = x * m + residual, common/philox.h's mask) is the same code compiled with
+// DROPOUT into kernels of its own (norm_fwd_dropout_kernel), so that the plain ones are
+// untouched. Included by norm_instances.cuh, which setup.py compiles once per kind, pass and
+// input dtype; the entries at the end (norm_fwd_cuda, norm_fwd_dropout_cuda, norm_bwd_cuda)
+// are what those files instantiate. Everything else here has internal linkage: each of those
+// files holds its own copies of what it uses.
 //
 // Work layout. A row (or, for rows longer than a kernel holds, a chunk of a row) is handled
 // by TPR threads; thread t of a row holds the 16-byte packs t, t + TPR, ..., t + (ITEMS-1)*TPR
@@ -38,11 +41,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/philox.h"
 #include "common/welford.h"
 #include "cuda/cluster.cuh"
 #include "cuda/device_utils.cuh"
 #include "cuda/norm_config.cuh"
 #include "cuda/norm_launch.h"
+
+// at::cuda::philox::unpack of norm_launch.h's at::PhiloxCudaState (no other ATen header).
+#include <ATen/cuda/PhiloxUtils.cuh>
 
 namespace fusednorm::cuda {
 namespace {
@@ -315,6 +322,107 @@ __device__ __forceinline__ acc_type_t<T> row_shift(const IO* x, const T* residua
   });
 }
 
+// ---------------------------------------------------------------------------------------
+// Dropout and rowscale (norm_fwd_dropout_cuda): s = x * m + residual, m and the mask as
+// common/philox.h defines them, x * m rounded in acc_t before the add (mul_rn: never fused
+// into it), as the CPU kernels do, so that both give one sum for one (seed, offset).
+
+// The multipliers of a launch: the second argument of the dropout kernels only (the plain
+// kernels' argument and code stay as they were).
+template <typename acc_t>
+struct DropoutParams {
+  at::PhiloxCudaState philox;  // unpacked in the kernel: a captured graph replays new values
+  uint64_t threshold;          // philox::dropout_threshold(p); 0 keeps all, without draws
+  acc_t keep_scale;            // philox::keep_scale(p)
+  const acc_t* rowscale;       // nullable: [M]
+  int64_t* rng_state;          // nullable: (seed, offset) written by one thread
+};
+
+struct PhiloxKey {
+  uint64_t seed, offset;
+};
+
+__device__ __forceinline__ PhiloxKey philox_key(const at::PhiloxCudaState& state) {
+  const auto [seed, offset] = at::cuda::philox::unpack(state);
+  return {seed, offset};
+}
+
+// Draw k (0..3, known at run time only) of a block, by selects: an index would put the
+// block in local memory.
+__device__ __forceinline__ uint32_t draw_at(const philox::Block& b, int k) {
+  return k == 0 ? b.v[0] : k == 1 ? b.v[1] : k == 2 ? b.v[2] : b.v[3];
+}
+
+// What a kept element of row `row` is multiplied by: keep_scale * rowscale[row], rounded once.
+template <typename acc_t>
+__device__ __forceinline__ acc_t row_factor(const DropoutParams<acc_t>& d, int64_t row) {
+  return d.rowscale != nullptr ? mul_rn(d.keep_scale, d.rowscale[row]) : d.keep_scale;
+}
+
+// The multipliers m[e] of the elements at + e (flat index row * N + column; `at` a multiple
+// of VEC): f where kept, 0 where dropped. A pack of 4 or 8 elements takes whole blocks of
+// draws; a pack of 1 or 2, its lanes of one block.
+template <int VEC, typename acc_t>
+__device__ __forceinline__ void dropout_multipliers(acc_t (&m)[VEC], const DropoutParams<acc_t>& d,
+                                                    PhiloxKey key, int64_t at, acc_t f) {
+  const uint64_t first = static_cast<uint64_t>(at);
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      philox::Block b{};  // threshold 0: every draw (0) is kept
+      if (d.threshold != 0) b = philox::draws(key.seed, key.offset, first / 4 + q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) m[4 * q + k] = philox::keeps(b.v[k], d.threshold) ? f : acc_t(0);
+    }
+  } else {
+    static_assert(4 % VEC == 0, "packs of 1, 2 or a multiple of 4 elements");
+    philox::Block b{};
+    if (d.threshold != 0) b = philox::draws(key.seed, key.offset, first / 4);
+    const int lane = static_cast<int>(first % 4);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      m[e] = philox::keeps(draw_at(b, lane + e), d.threshold) ? f : acc_t(0);
+    }
+  }
+}
+
+// Element i of the residual as acc_t (of T, or of IO beside a float T), 0 without one.
+template <typename T, typename IO>
+__device__ __forceinline__ acc_type_t<T> residual_at(const T* residual, const IO* residual_io,
+                                                     int64_t i) {
+  if (residual != nullptr) return to_acc(residual[i]);
+  if constexpr (!std::is_same_v<T, IO>) {
+    if (residual_io != nullptr) return to_acc(residual_io[i]);
+  }
+  return acc_type_t<T>(0);
+}
+
+// row_shift of the sum with dropout: the median of s's first three values (as the sum output
+// holds them), from the one or two blocks of draws they fall in. f: the row's factor.
+template <typename T, typename IO>
+__device__ __forceinline__ acc_type_t<T> row_shift_dropout(
+    const IO* x, const T* residual, const IO* residual_io, int64_t row_start, int64_t N,
+    const DropoutParams<acc_type_t<T>>& d, PhiloxKey key, acc_type_t<T> f) {
+  using acc_t = acc_type_t<T>;
+  const uint64_t first = static_cast<uint64_t>(row_start);
+  const int lane0 = static_cast<int>(first % 4);
+  philox::Block b0{}, b1{};
+  if (d.threshold != 0) {
+    b0 = philox::draws(key.seed, key.offset, first / 4);
+    if (lane0 + std::min<int64_t>(N, 3) > 4) {
+      b1 = philox::draws(key.seed, key.offset, first / 4 + 1);
+    }
+  }
+  return row_shift_of<acc_t>(N, [&](int64_t j) {
+    const int k = lane0 + static_cast<int>(j);
+    const uint32_t draw = k < 4 ? draw_at(b0, k) : draw_at(b1, k - 4);
+    const acc_t m = philox::keeps(draw, d.threshold) ? f : acc_t(0);
+    const acc_t s = mul_rn(to_acc(x[row_start + j]), m) +
+                    residual_at(residual, residual_io, row_start + j);
+    return to_acc(static_cast<T>(s));
+  });
+}
+
 // Statistics are taken of x - shift with shift = the median of the row's first three
 // values (row_shift, as the CPU kernel does), so that a row far from zero (1e4 + noise)
 // keeps the noise's precision; shift + mean(x - shift) = mean + rest (nearest_and_rest),
@@ -327,10 +435,12 @@ __device__ __forceinline__ acc_type_t<T> row_shift(const IO* x, const T* residua
 // block y holds chunk y of each row, and the blocks merge their statistics (cluster_merge).
 // Not CENTERED (RMSNorm): shift = mean = 0, the statistic is the row's sum of squares
 // (row_sums / cluster_sums; one chain per thread, as a pack's elements are independent).
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
-          bool CENTERED = true, typename IO = T>
-__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
-    norm_fwd_kernel(const FwdParams<T, P, IO> p) {
+// DROPOUT: s = x * m + residual (DropoutParams d; norm_fwd_dropout_kernel), the multipliers
+// applied to each pack as it is loaded, and in the shift's values.
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER, bool CENTERED,
+          typename IO, bool DROPOUT>
+__device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
+                                              const DropoutParams<acc_type_t<T>>& d) {
   using acc_t = acc_type_t<T>;
   using Layout = RowLayout<TPR>;
   __shared__ acc_t red[2][Layout::kRows][3 * Layout::kWarps];
@@ -350,6 +460,16 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   // nvcc warned for each instantiation that the loop below it was unreachable).
   if constexpr (CLUSTER) __trap();
 #endif
+  PhiloxKey key{};
+  if constexpr (DROPOUT) {
+    key = philox_key(d.philox);
+    // One thread of the launch that writes the sum (every launch unpacks the same state).
+    if (d.rng_state != nullptr && mode != kPartial && blockIdx.x == 0 && blockIdx.y == 0 &&
+        threadIdx.x == 0) {
+      d.rng_state[0] = static_cast<int64_t>(key.seed);
+      d.rng_state[1] = static_cast<int64_t>(key.offset);
+    }
+  }
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
     const int64_t col0 = c * p.chunk;
@@ -378,6 +498,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
       // those offsets in registers, and spilled them.)
       constexpr int kStride = TPR * VEC;
       const int64_t first = row_start + col0 + int64_t(tid) * VEC;
+      acc_t factor = 0;  // DROPOUT: what a kept element of the row is multiplied by
+      if constexpr (DROPOUT) {
+        if (row_ok) factor = row_factor(d, row);
+      }
 
       // Read this thread's packs; the valid ones are a prefix of the ITEMS.
       Pack<T, VEC> xs[ITEMS];
@@ -391,18 +515,35 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
             // s = x + residual, rounded to T: the sum output, and what is normalized (its
             // rounded values, as the backward sees them).
             const Pack<T, VEC> r = residual_pack<VEC>(p, first + i * kStride);
+            if constexpr (DROPOUT) {
+              acc_t m[VEC];
+              dropout_multipliers<VEC>(m, d, key, first + i * kStride, factor);
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              xs[i].v[e] = static_cast<T>(pack_acc(xs[i], e) + pack_acc(r, e));
+              for (int e = 0; e < VEC; ++e) {
+                xs[i].v[e] = static_cast<T>(mul_rn(pack_acc(xs[i], e), m[e]) + pack_acc(r, e));
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                xs[i].v[e] = static_cast<T>(pack_acc(xs[i], e) + pack_acc(r, e));
+              }
             }
             if (mode != kPartial) store_pack<VEC>(p.sum + first + i * kStride, xs[i]);
           }
           valid = i + 1;
         }
       }
-      const acc_t shift = CENTERED && mode != kApply && row_ok && p.N > 0
-                              ? row_shift(p.x, p.residual, p.residual_io, row_start, p.N)
-                              : acc_t(0);
+      acc_t shift = 0;
+      if (CENTERED && mode != kApply && row_ok && p.N > 0) {
+        if constexpr (DROPOUT) {
+          shift = row_shift_dropout(p.x, p.residual, p.residual_io, row_start, p.N, d, key,
+                                    factor);
+          // For the merge kernel (norm_merge_stats_dropout_kernel), which overwrites it.
+          if (mode == kPartial && c == 0 && tid == 0) p.mean_rest[row] = shift;
+        } else {
+          shift = row_shift(p.x, p.residual, p.residual_io, row_start, p.N);
+        }
+      }
       // y = ((x - mean) - mean_rest) * rstd (RMSNorm: x * rstd), computed as
       // fma(x - mean, rstd, -mean_rest * rstd): one operation fewer per element in a kernel
       // bound by its instruction issue, and one rounding fewer.
@@ -556,17 +697,33 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, T
   if constexpr (CLUSTER) cluster_sync();
 }
 
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
+          bool CENTERED = true, typename IO = T>
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, (kFwdMinBlocks<T, P, TPR, ITEMS>))
+    norm_fwd_kernel(const FwdParams<T, P, IO> p) {
+  norm_fwd_rows<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO, false>(
+      p, DropoutParams<acc_type_t<T>>{});
+}
+
+// The same with dropout / rowscale (a residual is given).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
+          bool CENTERED = true, typename IO = T>
+__global__ void __launch_bounds__(RowLayout<TPR>::kBlock, kFwdDropoutMinBlocks<TPR>)
+    norm_fwd_dropout_kernel(const FwdParams<T, P, IO> p,
+                            const DropoutParams<acc_type_t<T>> d) {
+  norm_fwd_rows<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO, true>(p, d);
+}
+
 // Per row: merges the chunks' summaries (in chunk order within each lane, then a fixed
 // tree over lanes) and writes mean, rstd and the mean's rest for the apply pass. A warp
 // per row. Not centered (RMSNorm): adds the chunks' sums of squares (the same fixed order)
 // and writes rstd only.
-template <typename T, bool CENTERED, typename IO = T>
-__global__ void __launch_bounds__(kMergeThreads)
-    norm_merge_stats_kernel(const acc_type_t<T>* partial, const IO* x, const T* residual,
-                            const IO* residual_io, int64_t M, int64_t N, int64_t chunks,
-                            acc_type_t<T> eps, acc_type_t<T>* mean, acc_type_t<T>* rstd,
-                            acc_type_t<T>* mean_rest) {
-  using acc_t = acc_type_t<T>;
+// shift_of(row): the row's shift (row_shift, or row_shift_dropout), for LayerNorm.
+template <typename acc_t, bool CENTERED, typename ShiftOf>
+__device__ __forceinline__ void merge_stats_rows(const acc_t* partial, int64_t M, int64_t N,
+                                                 int64_t chunks, acc_t eps, acc_t* mean,
+                                                 acc_t* rstd, acc_t* mean_rest,
+                                                 const ShiftOf& shift_of) {
   constexpr int kRowsPerBlock = kMergeThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize; row < M;
@@ -589,13 +746,34 @@ __global__ void __launch_bounds__(kMergeThreads)
       s = warp_merge(s);
       if (lane == 0) {
         const NearestAndRest<acc_t> split =
-            nearest_and_rest(row_shift(x, residual, residual_io, row * N, N), s.mean);
+            nearest_and_rest(shift_of(row), s.mean);
         mean[row] = split.nearest;
         rstd[row] = inverse_sqrt(s.variance() + eps);
         mean_rest[row] = split.rest;
       }
     }
   }
+}
+
+template <typename T, bool CENTERED, typename IO = T>
+__global__ void __launch_bounds__(kMergeThreads)
+    norm_merge_stats_kernel(const acc_type_t<T>* partial, const IO* x, const T* residual,
+                            const IO* residual_io, int64_t M, int64_t N, int64_t chunks,
+                            acc_type_t<T> eps, acc_type_t<T>* mean, acc_type_t<T>* rstd,
+                            acc_type_t<T>* mean_rest) {
+  merge_stats_rows<acc_type_t<T>, CENTERED>(
+      partial, M, N, chunks, eps, mean, rstd, mean_rest,
+      [&](int64_t row) { return row_shift(x, residual, residual_io, row * N, N); });
+}
+
+// LayerNorm's with dropout / rowscale: the partial launch left each row's shift in
+// mean_rest (drawing it again here, in this kernel's float64 build, spilled).
+template <typename acc_t>
+__global__ void __launch_bounds__(kMergeThreads)
+    norm_merge_stats_dropout_kernel(const acc_t* partial, int64_t M, int64_t N, int64_t chunks,
+                                    acc_t eps, acc_t* mean, acc_t* rstd, acc_t* mean_rest) {
+  merge_stats_rows<acc_t, true>(partial, M, N, chunks, eps, mean, rstd, mean_rest,
+                                [&](int64_t row) { return mean_rest[row]; });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -980,26 +1158,41 @@ dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>*
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-template <int TPR, typename Kernel, typename Params>
-void launch_rows(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(kernel, grid, RowLayout<TPR>::kBlock, stream, p);
+// extra: the arguments after p (the dropout kernels' DropoutParams).
+template <int TPR, typename Kernel, typename Params, typename... Extra>
+void launch_rows(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream,
+                 const Extra&... extra) {
+  launch_kernel(kernel, grid, RowLayout<TPR>::kBlock, stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The forward kernel of a bucket: norm_fwd_kernel, or with DROPOUT norm_fwd_dropout_kernel
+// (which takes the DropoutParams after p).
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER, bool CENTERED,
+          typename IO, bool DROPOUT>
+constexpr auto fwd_kernel() {
+  if constexpr (DROPOUT) {
+    return norm_fwd_dropout_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO>;
+  } else {
+    return norm_fwd_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO>;
+  }
 }
 
 // The chunked forward in one launch of clusters of p.chunks blocks, when the device and the
 // build allow it, with at most as many clusters as fit at once (resident_clusters); returns
-// whether it launched.
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+// whether it launched. extra: as launch_rows.
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, bool DROPOUT,
+          typename IO, typename... Extra>
 bool try_launch_fwd_cluster(const FwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const Extra&... extra) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = norm_fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>;
+  constexpr auto kernel = fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, DROPOUT>();
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks) return false;
   const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), dev.index, cache);
   if (clusters == 0) return false;
   grid.x = std::min(grid.x, unsigned(clusters));
-  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p);
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -1009,18 +1202,35 @@ unsigned warp_per_row_grid(int64_t M, DeviceInfo dev) {
       std::clamp<int64_t>(ceil_div(M, kMergeThreads / kWarpSize), 1, int64_t(dev.sm_count) * 16));
 }
 
-template <bool CENTERED, typename T, typename P, typename IO>
+// DROPOUT: LayerNorm's merge takes the shifts the partial launch left (RMSNorm's has none).
+template <bool CENTERED, bool DROPOUT, typename T, typename P, typename IO>
 void launch_merge_stats(const FwdParams<T, P, IO>& p, DeviceInfo dev, cudaStream_t stream) {
-  launch_kernel(norm_merge_stats_kernel<T, CENTERED, IO>, warp_per_row_grid(p.M, dev), kMergeThreads,
-                stream, p.partial, p.x, p.residual, p.residual_io, p.M, p.N, p.chunks, p.eps,
-                p.mean, p.rstd,
-                p.mean_rest);
+  if constexpr (CENTERED && DROPOUT) {
+    launch_kernel(norm_merge_stats_dropout_kernel<acc_type_t<T>>, warp_per_row_grid(p.M, dev),
+                  kMergeThreads, stream, p.partial, p.M, p.N, p.chunks, p.eps, p.mean, p.rstd,
+                  p.mean_rest);
+  } else {
+    launch_kernel(norm_merge_stats_kernel<T, CENTERED, IO>, warp_per_row_grid(p.M, dev),
+                  kMergeThreads, stream, p.partial, p.x, p.residual, p.residual_io, p.M, p.N,
+                  p.chunks, p.eps, p.mean, p.rstd, p.mean_rest);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table, bool CENTERED, typename IO>
+template <typename T, typename P, int VEC, typename Table, bool CENTERED, bool DROPOUT,
+          typename IO>
 void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
+  const DropoutParams<acc_t> d{a.philox, a.threshold, static_cast<acc_t>(a.keep_scale),
+                               a.rowscale, a.rng_state};
+  // fn(the row kernels' arguments after p): d for the dropout kernels, none for the others.
+  const auto with_extra = [&](const auto& fn) {
+    if constexpr (DROPOUT) {
+      return fn(d);
+    } else {
+      return fn();
+    }
+  };
   const RowSplit split = split_row<Table>(a.N, VEC);
   const int64_t last_chunk = a.N - (split.chunks - 1) * split.chunk;
   FwdParams<T, P, IO> p{
@@ -1034,33 +1244,43 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    constexpr auto kernel = norm_fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO>;
+    constexpr auto kernel = fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, DROPOUT>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
+    const auto launch = [&] {
+      with_extra([&](const auto&... extra) {
+        launch_rows<kTpr>(kernel, p, grid, stream, extra...);
+      });
+    };
     if (split.chunks == 1) {
       p.mode = kFull;
-      launch_rows<kTpr>(kernel, p, grid, stream);
+      launch();
       return;
     }
     // Only the largest bucket is ever cut into chunks (each chunk is more than half of it,
     // and the next bucket holds at most half): the only one with a cluster instantiation.
     if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
       p.mode = kFull;
-      if (try_launch_fwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev, stream)) return;
+      const bool clustered = with_extra([&](const auto&... extra) {
+        return try_launch_fwd_cluster<T, P, VEC, kTpr, kItems, CENTERED, DROPOUT>(
+            p, grid, dev, stream, extra...);
+      });
+      if (clustered) return;
     }
     p.partial = static_cast<acc_t*>(ws.allocate(a.M * split.chunks * 3 * int64_t(sizeof(acc_t))));
     if (CENTERED) p.mean_rest = static_cast<acc_t*>(ws.allocate(a.M * int64_t(sizeof(acc_t))));
     p.mode = kPartial;
-    launch_rows<kTpr>(kernel, p, grid, stream);
-    launch_merge_stats<CENTERED>(p, dev, stream);
+    launch();
+    launch_merge_stats<CENTERED, DROPOUT>(p, dev, stream);
     p.mode = kApply;
-    launch_rows<kTpr>(kernel, p, grid, stream);
+    launch();
   });
 }
 
 // The forward of LayerNorm (CENTERED) or RMSNorm. Every pointer, the residual and the sum
 // included, must be 16-byte aligned for the 16-byte packs (null counts as aligned).
-template <bool CENTERED, typename T, typename P, typename IO>
+// DROPOUT: with the multipliers of a's dropout members (a residual is given).
+template <bool CENTERED, bool DROPOUT = false, typename T, typename P, typename IO>
 void norm_fwd_impl(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   if (a.M == 0) return;
@@ -1069,9 +1289,9 @@ void norm_fwd_impl(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev
                           is_16b_aligned(a.residual) && is_16b_aligned(a.residual_io) &&
                           is_16b_aligned(a.sum);
   if (vectorized) {
-    run_fwd<T, P, kVec<T>, FwdVecTable<T, P>, CENTERED>(a, ws, dev, stream);
+    run_fwd<T, P, kVec<T>, FwdVecTable<T, P, DROPOUT>, CENTERED, DROPOUT>(a, ws, dev, stream);
   } else {
-    run_fwd<T, P, 1, FwdScalarTable<T>, CENTERED>(a, ws, dev, stream);
+    run_fwd<T, P, 1, FwdScalarTable<T, DROPOUT>, CENTERED, DROPOUT>(a, ws, dev, stream);
   }
 }
 
@@ -1215,6 +1435,12 @@ template <bool CENTERED, typename T, typename P, typename IO>
 void norm_fwd_cuda(const NormFwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   norm_fwd_impl<CENTERED>(args, ws, dev, stream);
+}
+
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_fwd_dropout_cuda(const NormFwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
+                           cudaStream_t stream) {
+  norm_fwd_impl<CENTERED, true>(args, ws, dev, stream);
 }
 
 template <bool CENTERED, typename T, typename P, typename IO>

@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <type_traits>
 
+// at::PhiloxCudaState (its header includes no other ATen header).
+#include <ATen/cuda/PhiloxCudaState.h>
+
 namespace fusednorm::cuda {
 
 // Statistics and sums are accumulated in float, in double for double inputs.
@@ -72,6 +75,17 @@ struct NormFwdArgs {
   // IO != T only, instead of residual: a residual of the input's 16-bit type (widened on
   // load; the sum is T).
   const IO* residual_io = nullptr;
+  // With a residual, the multipliers of common/philox.h (norm_fwd_dropout_cuda only):
+  // s = x * m + residual, m = keep_scale * rowscale[row] for a kept element, 0 for a dropped
+  // one. philox: the generator's state, unpacked into (seed, offset) in the kernels (so that
+  // a CUDA graph replays fresh ones); threshold: philox::dropout_threshold(p), 0 keeping
+  // every element without drawing (rowscale alone); keep_scale: philox::keep_scale(p);
+  // rowscale: [M] or null; rng_state: where the kernels write (seed, offset), or null.
+  at::PhiloxCudaState philox{};
+  uint64_t threshold = 0;
+  double keep_scale = 1.0;
+  const acc_type_t<T>* rowscale = nullptr;
+  int64_t* rng_state = nullptr;
 };
 
 // Norm backward: dx always; dweight when dweight != nullptr (needs weight), dbias when
@@ -96,9 +110,13 @@ struct NormBwdArgs {
 // The entries into the kernels (norm_kernels.cuh): LayerNorm when CENTERED, else RMSNorm
 // (mean(x^2), no mean, no bias); both take the residual / grad_sum. They enqueue work on
 // `stream` and never synchronise. Instantiated for the pairs of FUSEDNORM_CUDA_NORM_DTYPES,
-// by norm_instances.cuh.
+// by norm_instances.cuh. norm_fwd_cuda ignores the dropout members of NormFwdArgs;
+// norm_fwd_dropout_cuda (a residual, and a threshold or a rowscale) applies them: its own
+// kernels, compiled in their own files, so that the plain ones stay as they were.
 template <bool CENTERED, typename T, typename P, typename IO = T>
 void norm_fwd_cuda(const NormFwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
+template <bool CENTERED, typename T, typename P, typename IO = T>
+void norm_fwd_dropout_cuda(const NormFwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
 template <bool CENTERED, typename T, typename P, typename IO = T>
 void norm_bwd_cuda(const NormBwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
 

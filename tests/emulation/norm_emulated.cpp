@@ -3,8 +3,9 @@
 // and checks every output against a float64 reference computed here. Reads cases from
 // stdin, one per line:
 //
-//   fwd|bwd  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count] [clusters[=K]]
-//            [rms] [res | resmis] [outlier] [far] [wide] [narrow]
+//   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
+//            [clusters[=K]] [rms] [res | resmis] [outlier] [far] [wide] [narrow]
+//            [drop=P] [rowscale] [captured]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -28,7 +29,12 @@
 // it is off by thousands of the bound's units); wide (T f16 or bf16, P f32): a float32
 // residual stream, the kernels' float instantiation with T's x, y and dy (NormFwdArgs' IO):
 // the residual, the sum, the backward's x, grad_sum and dx are float32; narrow (with wide
-// and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io). Prints
+// and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io);
+// drop=P / rowscale (forward with res): s = x * m + residual with common/philox.h's
+// multipliers (norm_fwd_dropout_cuda), the sum exact against the rule computed here and
+// rng_state checked; captured: the generator's state as pointers (CUDA-graph capture).
+// dscale: dropout_scale.cuh's kernel, out of T from grad of P (T's, or f32 beside 16-bit T),
+// grad / out x_misalign / p_misalign bytes off, with drop=P / rowscale; affine ignored. Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
 // the blocks of its clustered ones, and how many of them in clusters) or "FAIL <case>:
 // why" per line; exits 1 if any failed. Emulation errors (barrier misuse, misaligned
@@ -41,6 +47,7 @@
 #include <limits>
 #include <sstream>
 
+#include "cuda/dropout_scale.cuh"
 #include "cuda/norm_kernels.cuh"
 
 namespace {
@@ -98,7 +105,62 @@ struct Case {
   bool far = false;       // rows many times their scale from zero
   bool wide = false;      // a float32 sum beside T's x, y, dy (the IO type)
   bool narrow = false;    // wide: the residual of IO's type
+  double drop = 0;        // dropout_p (drop=P; with res)
+  bool rowscale = false;  // a rowscale (with res)
+  bool captured = false;  // the generator's state as a CUDA graph capture leaves it
+  bool multiplied() const { return drop > 0 || rowscale; }
 };
+
+// The (seed, offset) a case's mask is drawn with, and the state the kernels unpack it from:
+// the values, or (captured) pointers to them and an intra-graph offset, as under graph
+// capture. 64-bit values with high bits set.
+struct Key {
+  uint64_t seed, offset;
+  Buffer words;  // captured: the seed and the offset before the intra-graph part
+  at::PhiloxCudaState state;
+};
+
+Key make_key(const Case& c) {
+  std::mt19937_64 rng(std::hash<std::string>{}(c.text) ^ 0x5eedu);
+  Key k{rng(), rng() & ~uint64_t(3), Buffer::make(2 * sizeof(int64_t)), {}};
+  if (c.captured) {
+    constexpr uint64_t kIntraGraph = 12;
+    k.words.as<int64_t>()[0] = static_cast<int64_t>(k.seed);
+    k.words.as<int64_t>()[1] = static_cast<int64_t>(k.offset - kIntraGraph);
+    k.state = at::PhiloxCudaState(k.words.as<int64_t>(), k.words.as<int64_t>() + 1, kIntraGraph);
+  } else {
+    k.state = at::PhiloxCudaState(k.seed, k.offset);
+  }
+  return k;
+}
+
+// The multipliers of common/philox.h, computed here from the rule (not the kernels' code):
+// element i = row * N + col keeps when draw i % 4 of block i / 4 >= the threshold; a kept
+// one is multiplied by keep_scale(p) * rowscale[row], rounded once to acc_t.
+template <typename acc_t>
+std::vector<acc_t> reference_multipliers(int64_t M, int64_t N, double p, const Key& key,
+                                         const std::vector<double>* rowscale) {
+  const uint64_t threshold = fusednorm::philox::dropout_threshold(p);
+  const acc_t scale = static_cast<acc_t>(fusednorm::philox::keep_scale(p));
+  std::vector<acc_t> m(std::size_t(M * N));
+  for (int64_t row = 0; row < M; ++row) {
+    const acc_t f = rowscale ? acc_t(scale * acc_t((*rowscale)[row])) : scale;
+    for (int64_t col = 0; col < N; ++col) {
+      const uint64_t i = uint64_t(row * N + col);
+      const uint32_t draw = fusednorm::philox::draws(key.seed, key.offset, i / 4).v[i % 4];
+      m[i] = threshold == 0 || draw >= threshold ? f : acc_t(0);
+    }
+  }
+  return m;
+}
+
+std::vector<double> make_rowscale(const Case& c) {
+  std::mt19937_64 rng(std::hash<std::string>{}(c.text) ^ 0x7011u);
+  std::uniform_real_distribution<double> u(0.25, 2.0);
+  std::vector<double> v(std::size_t(std::max<int64_t>(c.M, 1)));
+  for (double& x : v) x = u(rng);
+  return v;
+}
 
 // A buffer of n values of T, starting `misalign` bytes past a 256-byte boundary, from
 // `values` (rounded to T); `got` reads one back as double.
@@ -218,18 +280,47 @@ std::string run_fwd(const Case& c) {
                       y.as<IO>(), c.centered ? mean.as<acc_t>() : nullptr, rstd.as<acc_t>(),
                       c.M, c.N, 1e-5, c.residual && !c.narrow ? res.as<T>() : nullptr,
                       c.residual ? sum.as<T>() : nullptr, c.narrow ? res.as<IO>() : nullptr};
+  // Dropout / rowscale: the multipliers' arguments, rng_state poisoned until written.
+  const Key key = make_key(c);
+  const std::vector<double> rowscale = make_rowscale(c);
+  Buffer rs_buf = upload<acc_t>(rowscale, 0);
+  Buffer rng_state = Buffer::make(2 * sizeof(int64_t));
+  if (c.multiplied()) {
+    a.philox = key.state;
+    a.threshold = fusednorm::philox::dropout_threshold(c.drop);
+    a.keep_scale = fusednorm::philox::keep_scale(c.drop);
+    a.rowscale = c.rowscale ? rs_buf.as<acc_t>() : nullptr;
+    a.rng_state = c.drop > 0 ? rng_state.as<int64_t>() : nullptr;
+  }
   GuardedWorkspace ws;
-  if (c.centered) {
-    norm_fwd_impl<true>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+  const DeviceInfo dev{0, emu::config().sm_count};
+  if (c.centered && c.multiplied()) {
+    norm_fwd_impl<true, true>(a, ws, dev, nullptr);
+  } else if (c.multiplied()) {
+    norm_fwd_impl<false, true>(a, ws, dev, nullptr);
+  } else if (c.centered) {
+    norm_fwd_impl<true>(a, ws, dev, nullptr);
   } else {
-    norm_fwd_impl<false>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    norm_fwd_impl<false>(a, ws, dev, nullptr);
   }
   ws.check();
-  for (const Buffer* buf : {&x, &w, &b, &res, &y, &sum, &mean, &rstd}) buf->check_canary("an argument");
+  for (const Buffer* buf : {&x, &w, &b, &res, &y, &sum, &mean, &rstd, &rs_buf, &rng_state}) buf->check_canary("an argument");
+  if (c.drop > 0 && (uint64_t(rng_state.as<int64_t>()[0]) != key.seed ||
+                     uint64_t(rng_state.as<int64_t>()[1]) != key.offset)) {
+    return "rng_state is not the (seed, offset) the mask was drawn with";
+  }
 
-  // float64 reference, on s = x + residual rounded to T (exact in double, then one rounding)
+  // float64 reference, on s = x + residual rounded to T (exact in double, then one rounding);
+  // with multipliers m, s = x * m (rounded to acc_t) + residual in acc_t, then rounded to T.
   std::vector<double> s_ref = d.x;
-  if (c.residual) {
+  if (c.multiplied()) {
+    const std::vector<acc_t> m =
+        reference_multipliers<acc_t>(c.M, c.N, c.drop, key, c.rowscale ? &rowscale : nullptr);
+    for (std::size_t i = 0; i < s_ref.size(); ++i) {
+      const acc_t product = acc_t(d.x[i]) * m[i];
+      s_ref[i] = double(static_cast<T>(product + acc_t(r_values[i])));
+    }
+  } else if (c.residual) {
     for (std::size_t i = 0; i < s_ref.size(); ++i) s_ref[i] = d.x[i] + r_values[i];
     s_ref = rounded<T>(s_ref);
   }
@@ -342,13 +433,51 @@ std::string run_bwd(const Case& c) {
   return "";
 }
 
+// dropout_scale (dropout_scale.cuh): out (O = T) = grad (G = P: T's, or f32 beside 16-bit)
+// times the multipliers, rounded once from acc_t; grad / out placed x_misalign / p_misalign
+// bytes past 16-byte alignment. Exact against the reference (the same two roundings).
+template <typename O, typename G>
+std::string run_dropout_scale(const Case& c) {
+  using acc_t = acc_type_t<O>;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.text));
+  std::normal_distribution<double> normal;
+  std::vector<double> g(std::size_t(c.M * c.N));
+  for (double& v : g) v = normal(rng);
+  g = rounded<G>(g);
+  const Key key = make_key(c);
+  const std::vector<double> rowscale = make_rowscale(c);
+  Buffer grad = upload<G>(g, c.x_misalign), rs_buf = upload<acc_t>(rowscale, 0);
+  Buffer out = Buffer::make(std::max<std::size_t>(g.size(), 1) * sizeof(O), std::size_t(c.p_misalign));
+  Buffer rng_state = Buffer::make(2 * sizeof(int64_t));
+  rng_state.as<int64_t>()[0] = static_cast<int64_t>(key.seed);
+  rng_state.as<int64_t>()[1] = static_cast<int64_t>(key.offset);
+  const DropoutScaleArgs<G, O, acc_t> a{
+      grad.as<G>(), out.as<O>(), c.M, c.N, c.drop > 0 ? rng_state.as<int64_t>() : nullptr,
+      fusednorm::philox::dropout_threshold(c.drop),
+      static_cast<acc_t>(fusednorm::philox::keep_scale(c.drop)),
+      c.rowscale ? rs_buf.as<acc_t>() : nullptr};
+  dropout_scale_cuda(a, emu::config().sm_count, nullptr);
+  for (const Buffer* buf : {&grad, &rs_buf, &out, &rng_state}) buf->check_canary("an argument");
+  const std::vector<acc_t> m =
+      reference_multipliers<acc_t>(c.M, c.N, c.drop, key, c.rowscale ? &rowscale : nullptr);
+  std::vector<double> ref(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) ref[i] = double(static_cast<O>(acc_t(g[i]) * m[i]));
+  std::string why;
+  if (compare<O>("out", out, ref, [](std::size_t) { return 0.0; }, why)) return why;
+  return "";
+}
+
 template <typename T, typename P, typename IO = T>
 std::string run_case(const Case& c) {
+  if (c.pass == "dscale") {
+    if constexpr (std::is_same_v<IO, T>) return run_dropout_scale<T, P>(c);
+    return "dscale takes no wide";
+  }
   return c.pass == "fwd" ? run_fwd<T, P, IO>(c) : run_bwd<T, P, IO>(c);
 }
 
 std::string dispatch(const Case& c) {
-  if (c.pass != "fwd" && c.pass != "bwd") return "bad pass " + c.pass;
+  if (c.pass != "fwd" && c.pass != "bwd" && c.pass != "dscale") return "bad pass " + c.pass;
   if (c.t == "f32" && c.p == "f32") return run_case<float, float>(c);
 #ifndef EMU_ONLY_FLOAT  // (a quicker build, for the test that the harness can fail)
   if (c.wide && c.t == "f16" && c.p == "f32") return run_case<float, float, c10::Half>(c);
@@ -397,6 +526,12 @@ int main() {
         c.wide = true;
       } else if (extra == "narrow") {
         c.narrow = true;
+      } else if (extra.rfind("drop=", 0) == 0) {
+        c.drop = std::atof(extra.c_str() + 5);
+      } else if (extra == "rowscale") {
+        c.rowscale = true;
+      } else if (extra == "captured") {
+        c.captured = true;
       } else if (extra == "resmis") {
         c.residual = true;
         c.r_misalign = -1;  // one element of T, set below
@@ -418,7 +553,11 @@ int main() {
     const bool bad_outlier = (c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd")) ||
                              (c.far && !c.centered) ||
                              (c.wide && c.pass == "fwd" && !c.residual) ||
-                             (c.narrow && (!c.wide || !c.residual || c.pass != "fwd"));
+                             (c.narrow && (!c.wide || !c.residual || c.pass != "fwd")) ||
+                             (c.multiplied() && c.pass == "fwd" && !c.residual) ||
+                             (c.multiplied() && c.pass == "bwd") ||
+                             (c.pass == "dscale" && (c.residual || c.wide)) ||
+                             c.drop < 0 || c.drop > 1;
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
     emu::config().resident_clusters = resident_clusters;
