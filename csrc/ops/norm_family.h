@@ -9,6 +9,7 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
@@ -159,9 +160,12 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
   const at::Tensor x = as_rows(input, dims);
   const OptTensor r = kind.residual ? OptTensor(as_rows(*residual, dims)) : std::nullopt;
   if (sum_dtype == input.scalar_type()) sum_dtype = std::nullopt;
+  // Written by the kernels, which launch nothing for no rows: zeros then.
   at::Tensor rng_state;
   if (kind.residual) {
-    rng_state = at::empty({dropout.p > 0.0 ? 2 : 0}, input.options().dtype(at::kLong));
+    const auto options = input.options().dtype(at::kLong);
+    const int64_t size = dropout.p > 0.0 ? 2 : 0;
+    rng_state = x.size(0) > 0 ? at::empty({size}, options) : at::zeros({size}, options);
   }
   auto [out, sum, mean, rstd] = row_ops::norm_fwd().call(
       x, r, flat(weight), flat(bias), eps, kind.centered, sum_dtype, dropout.p,
