@@ -43,7 +43,9 @@ GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # the first CPU shape, on the GPU at N = 4096 and 16384 (quick: 4096). Few, because the
 # default GPU run must stay short (issue 41); --all-variant-cases times them at every case.
 VARIANT_DTYPES = [torch.bfloat16]
-QUICK_VARIANTS = ["plain", "fp32-residual", "dropout-rowscale"]  # dropout's path with a scale
+# A quick run and a default CPU run (the longest default run already) leave out plain
+# `dropout`: `dropout-rowscale` runs its path, with the scale.
+FEW_VARIANTS = ["plain", "fp32-residual", "dropout-rowscale"]
 VARIANT_CPU_SHAPES = CPU_SHAPES[:1]
 VARIANT_GPU_NS = [4096, 16384]
 
@@ -131,7 +133,7 @@ class NormSuite:
         if self.residual:
             p.add_argument("--variants", type=_variants, default=None,
                            help=f"comma list among {', '.join(VARIANTS)} (default: all; "
-                                f"quick: {', '.join(QUICK_VARIANTS)}; "
+                                f"CPU or quick: {', '.join(FEW_VARIANTS)}; "
                                 "benchmarks/norm_variants.py)")
             p.add_argument("--all-variant-cases", action="store_true",
                            help="time the variants other than plain at every case of the "
@@ -213,7 +215,8 @@ def cases(suite: NormSuite, args: argparse.Namespace, device: torch.device,
     if not suite.residual:
         names = [PLAIN.name]
     else:
-        names = args.variants or (QUICK_VARIANTS if args.quick else list(VARIANTS))
+        few = args.quick or device.type == "cpu"
+        names = args.variants or (FEW_VARIANTS if few else list(VARIANTS))
     selected = [VARIANTS[n] for n in names]
     found = []
     for variant in selected:
