@@ -53,8 +53,6 @@ VARIANT_GPU_NS = [4096, 16384]
 # rows), so that it computes what the other providers compute and passes their check.
 ZERO_CENTERED = "fusednorm zero-centered"
 
-Function = Callable  # (x, r, w, rowscale) -> the op's differentiable outputs
-
 
 @dataclass
 class NormSuite:
@@ -75,9 +73,10 @@ class NormSuite:
         return (["fusednorm", ZERO_CENTERED, "torch", "torch.compile"]
                 + (["liger"] if self.liger else []) + [floors.FRESH_COPY])
 
-    def functions(self, variant: Variant) -> dict[str, Function]:
-        """The providers of the variant's cases: the plain cases have every provider, the
-        others those that compute the variant (fusednorm, eager, compiled, the floor)."""
+    def functions(self, variant: Variant) -> dict[str, Callable]:
+        """The providers of the variant's cases, each (x, r, w, rowscale) -> the op's
+        differentiable outputs: the plain cases have every provider, the others those that
+        compute the variant (fusednorm, eager, compiled, the floor)."""
         if self.residual:
             eager = variant.eager(self.norm)
         else:
@@ -343,8 +342,8 @@ def bytes_notes(suite: NormSuite, variants: list[Variant]) -> list[str]:
     others = [v for v in variants if v is not PLAIN]
     if r:
         notes.append("variant: " + "; ".join(f"`{v.name}`: {v.description}" for v in variants)
-                     + ". n/a: a provider not timed at that case (fusednorm zero-centered "
-                     "and Liger: plain only; one skipped at a case is named in these notes).")
+                     + ". n/a: a provider not timed at that case (fusednorm zero-centered: "
+                     "plain only; one skipped at a case is named in these notes).")
     if others:
         notes.append(
             "Variants' bytes: r, s, ds and dr in the sum's dtype (fp32-residual: 4 bytes); "
