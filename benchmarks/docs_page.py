@@ -62,6 +62,10 @@ METHOD = """\
 - **% of fresh-copy** (norm suites, in the full tables): the time of an op that only reads
   and writes the pass's rows into newly allocated outputs, over the provider's: the floor
   of any op that returns new tensors (`benchmarks/floors.py`).
+- **Variants** (`add_layer_norm`, `add_rms_norm`): rows of the sum's variants beside the
+  plain `s = x + r` (a float32 residual stream beside 16-bit input, dropout, dropout with a
+  row scale; column "variant"), at a few cases. The summaries quote the plain cases; each
+  other variant has a summary row of its own.
 - **% of GEMM** (`gelu_ffn`): the time of the same two GEMMs alone (no bias, no GELU) over
   the provider's: 100% is the cost of the matrix products themselves.
 - **Host time per call** (`overhead`): tiny tensors (4×64), fusednorm and the PyTorch code
