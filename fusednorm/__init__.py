@@ -4,7 +4,8 @@ from . import reference
 from .functional import add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, rms_norm
 from .info import __version__, build_info
 from .layer_norm_2d import FusedLayerNorm2d
-from .modules import FusedGeluFFN, FusedHFRMSNorm, FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm
+from .modules import (FusedAddLayerNorm, FusedAddRMSNorm, FusedGeluFFN, FusedHFRMSNorm,
+                      FusedLayerNorm, FusedLayerNormGeluFFN, FusedRMSNorm)
 from .ops import FusedLayerNormFunction, GeluFFNFunction, LayerNormGeluFFNFunction
 from .patch import norm_report, replace_layernorm, replace_norms
 from ._dtensor_rules import register_when_dtensor_loads
@@ -12,6 +13,8 @@ from ._dtensor_rules import register_when_dtensor_loads
 register_when_dtensor_loads()  # fusednorm.distributed's rules, once DTensor is imported
 
 __all__ = [
+    "FusedAddLayerNorm",
+    "FusedAddRMSNorm",
     "FusedGeluFFN",
     "FusedHFRMSNorm",
     "FusedLayerNorm",

@@ -128,15 +128,24 @@ def _check_even(op: str, spec, axis: int) -> None:
 
 
 def _norm_rules(op: str, out_roles: str, arg_roles: str, shape_arg: int):
-    """Public norm ops: input (and residual) sharded on any dim before normalized_shape."""
+    """Public norm ops: input (and residual) sharded on any dim before normalized_shape.
+    The add ops' dropout and rowscale are refused: each shard would draw the mask of its
+    local rows, the same one on every rank."""
+    dropout_at = arg_roles.find("d")
+    arg_roles = arg_roles.replace("d", ".")
+
     def rules(*args):
+        if dropout_at >= 0 and (args[dropout_at] > 0 or args[dropout_at + 1] is not None):
+            raise NotImplementedError(
+                f"fusednorm.{op}: dropout_p > 0 and rowscale are not supported for DTensor "
+                "inputs (the mask would repeat on every shard); apply dropout before the op")
         shape = args[0].shape
         axis = len(shape) - len(args[shape_arg])
         for role, arg in zip(arg_roles, args):
             if role == "x":
                 _check_even(op, arg, axis)
         return [_rule(out_roles, arg_roles, args,
-                      {"x": Shard(d), "s": _rows_placement(shape, d), "p": R})
+                      {"x": Shard(d), "s": _rows_placement(shape, d), "p": R, "R": R})
                 for d in range(axis)]
     return rules
 
@@ -207,8 +216,10 @@ def _register_all() -> None:
     # Public ops (their Autograd kernel runs first, then DTensor sees the op itself).
     _register(O.layer_norm.default, 1, _norm_rules("layer_norm", "xss", "x.pp..", 1))
     _register(O.rms_norm.default, 1, _norm_rules("rms_norm", "xs", "x.p..", 1))
-    _register(O.add_layer_norm.default, 2, _norm_rules("add_layer_norm", "xxss", "xx.pp...", 2))
-    _register(O.add_rms_norm.default, 2, _norm_rules("add_rms_norm", "xxs", "xx.p...", 2))
+    # d: dropout_p, then rowscale (refused); rng_state, empty then, replicated.
+    _register(O.add_layer_norm.default, 2,
+              _norm_rules("add_layer_norm", "xxssR", "xx.pp...d.", 2))
+    _register(O.add_rms_norm.default, 2, _norm_rules("add_rms_norm", "xxsR", "xx.p...d.", 2))
     _register(O.gelu_ffn.default, 5, _gelu_ffn_rules)
     DTensor._op_dispatcher._custom_op_handlers[O.layer_norm_gelu_ffn.default] = _layer_norm_gelu_ffn
     # Backend ops that the C++ backward nodes call on [M, N] rows (the forward's backend

@@ -127,11 +127,36 @@ def _check_residual(fn, input, residual, residual_dtype) -> None:
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
+def _check_dropout(fn, input, dims, dropout_p, rowscale) -> None:
+    """The add ops' dropout_p (a float in [0, 1]) and rowscale (None, or a float tensor of
+    the input's leading dims' shape on its device)."""
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
+        raise FusedTypeError(f"{fn}: dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise FusedValueError(f"{fn}: dropout_p must be in [0, 1], got {dropout_p!r}")
+    if rowscale is None:
+        return
+    if not isinstance(rowscale, torch.Tensor):
+        raise FusedTypeError(f"{fn}: rowscale must be a Tensor or None, got "
+                             f"{type(rowscale).__name__}")
+    lead = tuple(input.shape[:input.dim() - dims])
+    if tuple(rowscale.shape) != lead:
+        raise FusedValueError(f"{fn}: rowscale must have the shape of input's leading dims "
+                              f"{list(lead)}, got {list(rowscale.shape)}")
+    if rowscale.device != input.device:
+        raise FusedValueError(f"{fn}: rowscale is on {rowscale.device} but input is on "
+                              f"{input.device}")
+    if rowscale.dtype not in _FLOAT_DTYPES:
+        raise FusedTypeError(f"{fn}: rowscale must be float32, float64, float16 or bfloat16, "
+                             f"got {rowscale.dtype}")
+
+
 def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
                      residual=None, has_residual=False, zero_centered_weight=False,
-                     residual_dtype=None) -> None:
-    """The norm family's checks (eps None: RMSNorm's default), with the residual's. With
-    zero_centered_weight, weight and bias may have any float dtype (they are widened)."""
+                     residual_dtype=None, dropout_p=0.0, rowscale=None) -> None:
+    """The norm family's checks (eps None: RMSNorm's default), with the residual's and the
+    dropout's. With zero_centered_weight, weight and bias may have any float dtype (they
+    are widened)."""
     _check_flag(fn, zero_centered_weight)
     shape = _normalized_shape_tuple(normalized_shape, fn)
     if zero_centered_weight and isinstance(input, torch.Tensor):
@@ -140,6 +165,7 @@ def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
     _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
     if has_residual:
         _check_residual(fn, input, residual, residual_dtype)
+        _check_dropout(fn, input, len(shape), dropout_p, rowscale)
 
 
 def _autocast_to_fp32(input, weight, bias):
@@ -255,15 +281,17 @@ def _check_rms_norm_call(input, normalized_shape, weight, eps,
 
 
 def _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps,
-                               zero_centered_weight=False, residual_dtype=None) -> None:
+                               zero_centered_weight=False, residual_dtype=None, dropout_p=0.0,
+                               rowscale=None) -> None:
     _check_norm_call("fusednorm.add_layer_norm", input, normalized_shape, weight, bias, eps,
-                     residual, True, zero_centered_weight, residual_dtype)
+                     residual, True, zero_centered_weight, residual_dtype, dropout_p, rowscale)
 
 
 def _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps,
-                             zero_centered_weight=False, residual_dtype=None) -> None:
+                             zero_centered_weight=False, residual_dtype=None, dropout_p=0.0,
+                             rowscale=None) -> None:
     _check_norm_call("fusednorm.add_rms_norm", input, normalized_shape, weight, None, eps,
-                     residual, True, zero_centered_weight, residual_dtype)
+                     residual, True, zero_centered_weight, residual_dtype, dropout_p, rowscale)
 
 
 def _reference_layer_norm(input, normalized_shape, weight, bias, eps,
@@ -315,6 +343,8 @@ def add_layer_norm(
     *,
     zero_centered_weight: bool = False,
     residual_dtype: torch.dtype | None = None,
+    dropout_p: float = 0.0,
+    rowscale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(layer_norm(s, normalized_shape, weight, bias, eps), s) with s = input + residual in
     the input's dtype: the pre-norm residual step of a transformer, in one pass over memory
@@ -323,27 +353,41 @@ def add_layer_norm(
 
     residual_dtype=torch.float32 keeps the residual stream in float32: s is formed (one
     rounding), returned and normalized in float32 (float64 for float64 input), the output
-    stays in the input's dtype; residual may then be float32 or of the input's dtype."""
+    stays in the input's dtype; residual may then be float32 or of the input's dtype.
+
+    dropout_p / rowscale: s = dropout(input, dropout_p) * rowscale[..., None] + residual in
+    the same pass (always applied, as torch.nn.functional.dropout(training=True); a module
+    skips it in eval mode). The mask comes from a Philox generator keyed by the device's
+    default torch generator: one seed gives one mask on CPU and CUDA, and the backward
+    regenerates it. rowscale (not differentiable): a per-row factor of the input's leading
+    dims' shape, e.g. stochastic depth's 0 or 1 / (1 - p) per sample."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     args = (input, residual, normalized_shape, weight, bias, eps, zero_centered_weight,
-            residual_dtype)
+            residual_dtype, dropout_p, rowscale)
     return _call("add_layer_norm", args, 2, _check_add_layer_norm_call, "norm_fwd",
                  _unfused_add_layer_norm)
 
 
-def _residual_sum(input, residual, residual_dtype):
-    """The fallback's s = input + residual in residual_dtype's sum dtype, one rounding."""
+def _residual_sum(input, residual, residual_dtype, dims, dropout_p=0.0, rowscale=None):
+    """The fallback's s = input + residual in residual_dtype's sum dtype, one rounding; the
+    input through torch's dropout (its own mask, not the kernels') and rowscale first."""
     dtype = _sum_dtype("fusednorm", input, residual_dtype)
+    if dropout_p > 0:
+        input = torch.nn.functional.dropout(input, dropout_p)
+    if rowscale is not None:
+        input = input * rowscale.detach().reshape(*rowscale.shape, *(1,) * dims).to(input.dtype)
     return input.to(dtype) + residual.to(dtype) if dtype != input.dtype else input + residual
 
 
 def _unfused_add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
-                            zero_centered_weight=False, residual_dtype=None):
+                            zero_centered_weight=False, residual_dtype=None, dropout_p=0.0,
+                            rowscale=None):
     _check_add_layer_norm_call(input, residual, normalized_shape, weight, bias, eps,
-                               zero_centered_weight, residual_dtype)
+                               zero_centered_weight, residual_dtype, dropout_p, rowscale)
     _warn_fallback(input.device.type, "input + residual, then layer_norm (two passes)")
-    total = _residual_sum(input, residual, residual_dtype)
+    total = _residual_sum(input, residual, residual_dtype, len(normalized_shape), dropout_p,
+                          rowscale)
     out = layer_norm(total, normalized_shape, weight, bias, eps,
                      zero_centered_weight=zero_centered_weight)
     return out.to(input.dtype), total
@@ -358,23 +402,29 @@ def add_rms_norm(
     *,
     zero_centered_weight: bool = False,
     residual_dtype: torch.dtype | None = None,
+    dropout_p: float = 0.0,
+    rowscale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(s, normalized_shape, weight, eps), s) with s = input + residual in the
     input's dtype, in one pass over memory; both outputs differentiable.
-    zero_centered_weight as rms_norm's, residual_dtype as add_layer_norm's."""
+    zero_centered_weight as rms_norm's; residual_dtype, dropout_p and rowscale as
+    add_layer_norm's."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    args = (input, residual, normalized_shape, weight, eps, zero_centered_weight, residual_dtype)
+    args = (input, residual, normalized_shape, weight, eps, zero_centered_weight, residual_dtype,
+            dropout_p, rowscale)
     return _call("add_rms_norm", args, 2, _check_add_rms_norm_call, "norm_fwd",
                  _unfused_add_rms_norm)
 
 
 def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps,
-                          zero_centered_weight=False, residual_dtype=None):
+                          zero_centered_weight=False, residual_dtype=None, dropout_p=0.0,
+                          rowscale=None):
     _check_add_rms_norm_call(input, residual, normalized_shape, weight, eps,
-                             zero_centered_weight, residual_dtype)
+                             zero_centered_weight, residual_dtype, dropout_p, rowscale)
     _warn_fallback(input.device.type, "input + residual, then rms_norm (two passes)")
-    total = _residual_sum(input, residual, residual_dtype)
+    total = _residual_sum(input, residual, residual_dtype, len(normalized_shape), dropout_p,
+                          rowscale)
     out = rms_norm(total, normalized_shape, weight, eps,
                    zero_centered_weight=zero_centered_weight)
     return out.to(input.dtype), total

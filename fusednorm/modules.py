@@ -74,6 +74,75 @@ class FusedRMSNorm(_ZeroCenteredWeight, nn.RMSNorm):
                                    zero_centered_weight=self.zero_centered_weight)
 
 
+class _AddNorm:
+    """The residual step of FusedAddLayerNorm / FusedAddRMSNorm: forward(input, residual,
+    rowscale=None) -> (norm(s), s), s = dropout(input) * rowscale + residual in one pass.
+    Dropout runs in training mode only, as nn.Dropout's; residual_dtype as the functions'."""
+
+    dropout_p: float = 0.0
+    residual_dtype: torch.dtype | None = None
+
+    def _set_add_options(self, dropout_p: float, residual_dtype) -> None:
+        if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
+            raise FusedTypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+        if not 0.0 <= dropout_p <= 1.0:
+            raise FusedValueError(f"dropout_p must be in [0, 1], got {dropout_p!r}")
+        if residual_dtype not in (None, torch.float32):
+            raise FusedTypeError(
+                f"residual_dtype must be None or torch.float32, got {residual_dtype!r}")
+        self.dropout_p = float(dropout_p)
+        self.residual_dtype = residual_dtype
+
+    def _add_keywords(self, rowscale) -> dict:
+        return {"zero_centered_weight": self.zero_centered_weight,
+                "residual_dtype": self.residual_dtype,
+                "dropout_p": self.dropout_p if self.training else 0.0, "rowscale": rowscale}
+
+    def extra_repr(self) -> str:
+        extra = f", dropout_p={self.dropout_p}" if self.dropout_p else ""
+        extra += f", residual_dtype={self.residual_dtype}" if self.residual_dtype else ""
+        return super().extra_repr() + extra
+
+
+class FusedAddLayerNorm(_AddNorm, FusedLayerNorm):
+    """The pre-norm residual step norm(s), s = dropout(input) * rowscale + residual, as one
+    fused pass (fusednorm.add_layer_norm). Parameters and state_dict keys are
+    nn.LayerNorm's; keyword-only dropout_p (applied in training mode only) and
+    residual_dtype=torch.float32 (the residual stream kept in float32). forward returns
+    (normalized output, s)."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None, *, dropout_p: float = 0.0,
+                 residual_dtype: torch.dtype | None = None,
+                 zero_centered_weight: bool = False) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype,
+                         zero_centered_weight=zero_centered_weight)
+        self._set_add_options(dropout_p, residual_dtype)
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor,
+                rowscale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return functional.add_layer_norm(input, residual, self.normalized_shape, self.weight,
+                                         self.bias, self.eps, **self._add_keywords(rowscale))
+
+
+class FusedAddRMSNorm(_AddNorm, FusedRMSNorm):
+    """FusedAddLayerNorm's counterpart for RMSNorm (fusednorm.add_rms_norm); parameters and
+    state_dict keys are nn.RMSNorm's."""
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 dropout_p: float = 0.0, residual_dtype: torch.dtype | None = None,
+                 zero_centered_weight: bool = False) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype,
+                         zero_centered_weight=zero_centered_weight)
+        self._set_add_options(dropout_p, residual_dtype)
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor,
+                rowscale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return functional.add_rms_norm(input, residual, self.normalized_shape, self.weight,
+                                       self.eps, **self._add_keywords(rowscale))
+
+
 def hf_eps(module: nn.Module) -> float:
     """The epsilon of a Hugging Face norm: `variance_epsilon` in most classes, `eps` in
     others (Llama4TextRMSNorm, CpmAntLayerNorm, Gemma's)."""

@@ -77,6 +77,64 @@ def residual_sum(input, residual, residual_dtype=None):
     return input.to(dtype) + residual.to(dtype)
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit halves of a * b for a 32-bit constant a and int64 tensor b of 32-bit
+    values, in 16-bit pieces so that nothing overflows int64."""
+    low = a * (b & 0xFFFF)
+    high = a * (b >> 16)
+    lo = low + ((high & 0xFFFF) << 16)
+    return (high >> 16) + (lo >> 32), lo & _M32
+
+
+def philox4x32_10(counter: Sequence[torch.Tensor], key: tuple[int, int]) -> list[torch.Tensor]:
+    """Philox4x32-10 (Salmon et al.) of int64 tensors holding the four 32-bit counter
+    words, under a 64-bit key as two 32-bit words: the four output words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(0xD2511F53, c0)
+        hi1, lo1 = _mulhilo(0xCD9E8D57, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return [c0, c1, c2, c3]
+
+
+def dropout_multipliers(shape: Sequence[int], dims: int, dropout_p: float, seed: int,
+                        offset: int, rowscale: torch.Tensor | None = None) -> torch.Tensor:
+    """The add ops' dropout / rowscale multipliers of one call (seed, offset: its
+    rng_state), as float64 of `shape`: element i of the [M, N] rows (N the last `dims`
+    dims) is kept when output i % 4 of Philox4x32-10(counter (i // 4, offset), key seed) is
+    >= round(p * 2^32); a kept one is 1 / (1 - p) (0 for p = 1) times its row's rowscale.
+    The kernels round the factor once to their computation type: compare within that."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    index = torch.arange(numel, dtype=torch.int64)
+    quad = index >> 2
+    seed, offset = seed & ((1 << 64) - 1), offset & ((1 << 64) - 1)
+    counter = [quad & _M32, quad >> 32, torch.full_like(quad, offset & _M32),
+               torch.full_like(quad, offset >> 32)]
+    draws = torch.stack(philox4x32_10(counter, (seed & _M32, seed >> 32)))
+    draw = draws.gather(0, (index & 3).unsqueeze(0)).squeeze(0)
+    keep = draw >= round(dropout_p * 2.0 ** 32)
+    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1 else 0.0
+    m = keep.to(torch.float64) * scale
+    rows = m.view(-1, max(1, _row_length(shape, dims)))
+    if rowscale is not None:
+        rows = rows * rowscale.detach().to("cpu", torch.float64).reshape(-1, 1)
+    return rows.reshape(tuple(shape))
+
+
+def _row_length(shape: Sequence[int], dims: int) -> int:
+    n = 1
+    for d in tuple(shape)[len(shape) - dims:]:
+        n *= d
+    return n
+
+
 def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
                    upcast=True, residual_dtype=None):
     """(layer_norm(s), s) with s = residual_sum(input, residual, residual_dtype); without

@@ -35,6 +35,7 @@ def _args(device, dtype=torch.float32):
     return {
         "x": g((3, 5, d), 1), "r": g((3, 5, d), 2), "w": g((d,), 3), "b": g((d,), 4),
         "w1": g((h, d), 5, 0.2), "b1": g((h,), 6), "w2": g((d, h), 7, 0.2), "b2": g((d,), 8),
+        "rowscale": g((3, 5), 9),
     }
 
 
@@ -45,8 +46,10 @@ def _calls(a):
     return {
         "layer_norm": ((x, (37,), w, b, 1e-5, False), ops.LAYER_NORM, 1),
         "rms_norm": ((x, [37], w, None, True), ops.RMS_NORM, 1),
-        "add_layer_norm": ((x, r, torch.Size([37]), w, b, 1e-5, True, None), ops.ADD_LAYER_NORM, 2),
-        "add_rms_norm": ((x, r, (37,), None, 1e-6, False, torch.float32), ops.ADD_RMS_NORM, 2),
+        "add_layer_norm": ((x, r, torch.Size([37]), w, b, 1e-5, True, None, 0.0, None),
+                           ops.ADD_LAYER_NORM, 2),
+        "add_rms_norm": ((x, r, (37,), None, 1e-6, False, torch.float32, 0.0, a["rowscale"]),
+                         ops.ADD_RMS_NORM, 2),
         "gelu_ffn": ((x, w1, b1, w2, b2, "tanh"), ops.GELU_FFN, 1),
         "layer_norm_gelu_ffn": ((x, w, b, 1e-5, w1, None, w2, b2, "none"),
                                 ops.LAYER_NORM_GELU_FFN, 1),
@@ -65,14 +68,16 @@ def test_entry_matches_torch_ops_path_bitwise(name, device):
     output's graph is the op's own backward node."""
     results = []
     for path in ("fast", "torch.ops"):
-        a = {k: t.requires_grad_() for k, t in _args(device).items()}
+        # rowscale is not differentiable: a rowscale requiring grad is refused.
+        a = {k: t if k == "rowscale" else t.requires_grad_() for k, t in _args(device).items()}
         args, op, n_out = _calls(a)[name]
         outs = getattr(ops.FAST, name)(*args) if path == "fast" else op(*args)[:n_out]
         outs = outs if isinstance(outs, tuple) else (outs,)
         assert len(outs) == n_out
         assert outs[0].grad_fn is not None and "fusednorm" in outs[0].grad_fn.name()
         grads_out = [random_input(o.shape, o.dtype, device, seed=20 + i) for i, o in enumerate(outs)]
-        grads = torch.autograd.grad(outs, _leaves(args), grads_out, allow_unused=True)
+        leaves = [t for t in _leaves(args) if t.requires_grad]
+        grads = torch.autograd.grad(outs, leaves, grads_out, allow_unused=True)
         results.append((outs, grads))
     (fast_outs, fast_grads), (ops_outs, ops_grads) = results
     for f, o in zip(fast_outs, ops_outs):
@@ -165,7 +170,7 @@ def test_entry_takes_int_eps_and_parameters():
     lambda x: ops.FAST.layer_norm(x, (37,), torch.randn(36), None, 1e-5, True),
     lambda x: ops.FAST.layer_norm(x.to(torch.int32), (37,), None, None, 1e-5, False),
     lambda x: ops.FAST.rms_norm(x, (37,), None, -1.0, False),
-    lambda x: ops.FAST.add_layer_norm(x, x[:1], (37,), None, None, 1e-5, False, None),
+    lambda x: ops.FAST.add_layer_norm(x, x[:1], (37,), None, None, 1e-5, False, None, 0.0, None),
     lambda x: ops.FAST.gelu_ffn(x, torch.randn(8, 37), None, torch.randn(37, 8), None, "erf"),
 ])
 def test_entry_declines_on_errors(call):
@@ -211,11 +216,12 @@ def test_functions_take_the_direct_entry(name, monkeypatch):
     monkeypatch.setattr(ops, op.__name__.split(".")[0].upper(), None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        # The norm functions take zero_centered_weight (and the add ops residual_dtype) by
-        # keyword only.
+        # The norm functions take zero_centered_weight (and the add ops residual_dtype,
+        # dropout_p and rowscale) by keyword only.
         keywords = {}
         if name.startswith("add_"):
-            args, keywords["residual_dtype"] = args[:-1], args[-1]
+            keywords.update(zip(("residual_dtype", "dropout_p", "rowscale"), args[-3:]))
+            args = args[:-3]
         if isinstance(args[-1], bool):
             args, keywords["zero_centered_weight"] = args[:-1], args[-1]
         got = getattr(functional, name)(*args, **keywords)

@@ -93,5 +93,7 @@ def test_vmap_rules_cover_the_public_ops():
     assert sorted(batching._DATA_ARGS) == sorted(PUBLIC)
     for name, positions in batching._DATA_ARGS.items():
         arguments = _schema(name).arguments
-        assert [arguments[i].name for i in positions] in (["input"], ["input", "residual"])
-        assert all(str(arguments[i].type) == "Tensor" for i in positions)
+        assert [arguments[i].name for i in positions] in (
+            ["input"], ["input", "residual", "rowscale"])
+        assert [str(arguments[i].type) for i in positions] in (
+            ["Tensor"], ["Tensor", "Tensor", "Optional[Tensor]"])

@@ -2,12 +2,14 @@
 // norm_bwd (LayerNorm or RMSNorm, optional residual) and layer_norm_apply, all on the
 // kernels of cpu/norm_kernels.h.
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <tuple>
 #include <utility>
 
@@ -112,10 +114,79 @@ void dispatch_input_and_sum(at::ScalarType input, at::ScalarType sum, Fn&& fn) {
   });
 }
 
+// The CPU generator has no Philox offset, so fusednorm keeps one for the default CPU
+// generator's dropout calls, as the CUDA generator does for its own (0, 4, 8, ... after
+// seeding): a call on a freshly seeded generator has offset 0, a call on the state the
+// previous call left behind that offset + 4, any other state (other random ops ran in
+// between) an offset drawn from the generator. A call leaves a state that no seed and
+// sequence of draws reaches (mt19937's left_ + next_ is 1 when freshly seeded, 625 after
+// any draw; we leave 624, which the next block's regeneration ends), so that "the state
+// the previous call left" is never mistaken for a reseeded one, nor for one that other
+// draws led to. Deterministic under torch.manual_seed; one seed and one sequence of
+// fusednorm dropout calls give the masks that sequence gets on CUDA.
+struct GeneratorRecord {
+  bool valid = false;
+  uint64_t offset = 0;
+  at::mt19937_data_pod state{};
+};
+
+bool same_state(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
+  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.seeded_ == b.seeded_ &&
+         a.next_ == b.next_ && a.state_ == b.state_;
+}
+
+philox::Dropout draw_dropout(double p) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  static GeneratorRecord record;  // guarded by the default generator's mutex
+  const at::mt19937_data_pod now = impl->engine().data();
+  uint64_t offset;
+  if (now.seeded_ && now.left_ == 1 && now.next_ == 0) {  // as mt19937's seeding leaves it
+    offset = 0;
+  } else if (record.valid && same_state(record.state, now)) {
+    offset = record.offset + 4;
+  } else {
+    offset = impl->random64() & ~uint64_t(3);
+  }
+  impl->random();
+  at::mt19937 engine = impl->engine();
+  at::mt19937_data_pod left = engine.data();
+  if (left.left_ < 2) {  // the block's last value: regenerate first (left_ stays >= 1)
+    impl->random();
+    engine = impl->engine();
+    left = engine.data();
+  }
+  left.left_ -= 1;
+  engine.set_data(left);
+  impl->set_engine(engine);
+  record = {true, offset, left};
+  return {impl->current_seed(), offset, philox::dropout_threshold(p), philox::keep_scale(p)};
+}
+
+// The multipliers of a norm_fwd call: its mask drawn (dropout_p > 0, its (seed, offset)
+// written to rng_state) and its rowscale.
+template <typename acc_t>
+RowMultipliers<acc_t> forward_multipliers(double dropout_p, const OptTensor& rowscale,
+                                          const OptTensor& rng_state, int64_t N) {
+  RowMultipliers<acc_t> m;
+  m.N = N;
+  m.rowscale = data_or_null<acc_t>(rowscale);
+  if (dropout_p > 0.0) {
+    m.dropout = draw_dropout(dropout_p);
+    int64_t* state = rng_state->mutable_data_ptr<int64_t>();
+    state[0] = static_cast<int64_t>(m.dropout.seed);
+    state[1] = static_cast<int64_t>(m.dropout.offset);
+  }
+  return m;
+}
+
 Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTensor& weight,
                  const OptTensor& bias, double eps, bool centered,
-                 std::optional<at::ScalarType> sum_dtype) {
-  check_norm_fwd_args(input, residual, weight, bias, eps, centered, sum_dtype);
+                 std::optional<at::ScalarType> sum_dtype, double dropout_p,
+                 const OptTensor& rowscale, const OptTensor& rng_state) {
+  check_norm_fwd_args(input, residual, weight, bias, eps, centered, sum_dtype, dropout_p,
+                      rowscale, rng_state);
   const int64_t M = input.size(0), N = input.size(1);
   const at::ScalarType sum_type = sum_dtype.value_or(input.scalar_type());
   Tensor4 result;
@@ -135,7 +206,7 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
     if (M == 0) return;
     // The residual is read as T or as S, whichever dtype it has.
     const bool residual_in_t = given(residual) && residual->scalar_type() == input.scalar_type();
-    const NormFwdArgs<T, acc_t, S> args{
+    NormFwdArgs<T, acc_t, S> args{
         input.const_data_ptr<T>(),
         residual_in_t ? residual->const_data_ptr<T>() : nullptr,
         given(residual) && !residual_in_t ? residual->const_data_ptr<S>() : nullptr,
@@ -149,6 +220,9 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
         N,
         static_cast<acc_t>(eps),
         params_finite<T, acc_t>(params.weight, params.bias, N)};
+    if (dropout_p > 0.0 || given(rowscale)) {
+      args.multipliers = forward_multipliers<acc_t>(dropout_p, rowscale, rng_state, N);
+    }
     dispatch_norm_flags(centered, given(weight), given(bias), [&](auto c, auto w, auto b) {
       norm_fwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value, decltype(b)::value>(args);
     });
@@ -217,6 +291,30 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
   return {grad_input, grad_weight, grad_bias};
 }
 
+// dropout_scale: the mask of the forward whose rng_state is given, regenerated.
+at::Tensor dropout_scale(const at::Tensor& grad, const OptTensor& rowscale,
+                         const at::Tensor& rng_state, double dropout_p, at::ScalarType dtype) {
+  check_dropout_scale_args(grad, rowscale, rng_state, dropout_p, dtype);
+  const int64_t M = grad.size(0), N = grad.size(1);
+  at::Tensor out = at::empty_like(grad, grad.options().dtype(dtype));
+  dispatch_input_and_sum(dtype, grad.scalar_type(), [&](auto out_tag, auto grad_tag) {
+    using O = decltype(out_tag);
+    using G = decltype(grad_tag);
+    using acc_t = acc_type<O>;
+    RowMultipliers<acc_t> m;
+    m.N = N;
+    m.rowscale = data_or_null<acc_t>(rowscale);
+    if (dropout_p > 0.0) {
+      const int64_t* state = rng_state.const_data_ptr<int64_t>();
+      m.dropout = {static_cast<uint64_t>(state[0]), static_cast<uint64_t>(state[1]),
+                   philox::dropout_threshold(dropout_p), philox::keep_scale(dropout_p)};
+    }
+    if (M > 0) dropout_scale_rows<G, O, acc_t>(grad.const_data_ptr<G>(),
+                                               out.mutable_data_ptr<O>(), M, N, m);
+  });
+  return out;
+}
+
 at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
                             const at::Tensor& rstd, const OptTensor& weight,
                             const OptTensor& bias) {
@@ -249,4 +347,5 @@ TORCH_LIBRARY_IMPL(fusednorm, CPU, m) {
   m.impl("norm_fwd", &fusednorm::cpu::norm_fwd);
   m.impl("norm_bwd", &fusednorm::cpu::norm_bwd);
   m.impl("layer_norm_apply", &fusednorm::cpu::layer_norm_apply);
+  m.impl("dropout_scale", &fusednorm::cpu::dropout_scale);
 }

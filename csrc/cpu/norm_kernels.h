@@ -17,6 +17,7 @@
 
 #include "common/welford.h"
 #include "common/dispatch.h"
+#include "cpu/dropout_kernels.h"
 #include "cpu/partials.h"
 #include "cpu/parallel.h"
 #include "cpu/vec_io.h"
@@ -383,6 +384,8 @@ struct NormFwdArgs {
   int64_t M, N;
   acc_t eps;
   bool params_finite;  // weight and bias (where given) have no NaN or infinity
+  // dropout / rowscale of the input before the add (inactive: s = x + residual).
+  RowMultipliers<acc_t> multipliers = {};
 
   bool has_residual() const { return residual != nullptr || residual_s != nullptr; }
 };
@@ -504,10 +507,20 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t, S>& a) {
         const T* next_x = ahead(a.x, row + kAhead);
         if (residual) {  // normalize the sum, read back from cache
           S* sr = stage_sum ? reinterpret_cast<S*>(sum_stage) : a.sum + row * N;
+          const bool scaled = a.multipliers.active();
           if (a.residual != nullptr) {
-            add_row<T, T, S, acc_t>(xr, a.residual + row * N, sr, N);
+            if (scaled) {
+              add_row_scaled<T, T, S, acc_t>(xr, a.residual + row * N, sr, N, row, a.multipliers);
+            } else {
+              add_row<T, T, S, acc_t>(xr, a.residual + row * N, sr, N);
+            }
           } else {
-            add_row<T, S, S, acc_t>(xr, a.residual_s + row * N, sr, N);
+            if (scaled) {
+              add_row_scaled<T, S, S, acc_t>(xr, a.residual_s + row * N, sr, N, row,
+                                             a.multipliers);
+            } else {
+              add_row<T, S, S, acc_t>(xr, a.residual_s + row * N, sr, N);
+            }
             // A residual of S is asked for here, all its row at once: normalize_row's
             // prefetches are of T's blocks.
             if (const S* next_r = ahead(a.residual_s, row + kAhead)) {

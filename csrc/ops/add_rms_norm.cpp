@@ -12,7 +12,7 @@ namespace fusednorm {
 namespace {
 
 using namespace norm_family;
-using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // out, sum, rstd
+using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // out, sum, rstd, rng_state
 constexpr NormKind kKind{"fusednorm.add_rms_norm", /*centered=*/false, /*residual=*/true};
 
 const auto& op() { return public_ops::add_rms_norm(); }
@@ -20,29 +20,29 @@ const auto& op() { return public_ops::add_rms_norm(); }
 Result rows(const at::Tensor& input, const at::Tensor& residual,
             c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
             std::optional<double> eps, bool zero_centered_weight,
-            OptDtype residual_dtype) {
+            OptDtype residual_dtype, double dropout_p, const OptTensor& rowscale) {
   const at::ScalarType type = sum_type(kKind, input, residual_dtype);
   const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
-  auto [out, sum, mean, rstd] =
+  auto [out, sum, mean, rstd, rng_state] =
       forward_rows(kKind, input, residual, normalized_shape, p.weight, std::nullopt,
-                   eps.value_or(default_rms_eps(input)), type);
-  return {out, sum, rstd};
+                   eps.value_or(default_rms_eps(input)), type, Dropout{dropout_p, rowscale});
+  return {out, sum, rstd, rng_state};
 }
 
 Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
                        c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                        std::optional<double> eps, bool zero_centered_weight,
-                       OptDtype residual_dtype) {
+                       OptDtype residual_dtype, double dropout_p, const OptTensor& rowscale) {
   const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   const auto below = [&]() -> Outputs {
-    auto [out, sum, rstd] =
-        op().call(input, residual, normalized_shape, p.weight, eps, false, residual_dtype);
-    return {out, sum, at::Tensor(), rstd};  // no mean
+    auto [out, sum, rstd, rng_state] = op().call(input, residual, normalized_shape, p.weight,
+                                                 eps, false, residual_dtype, dropout_p, rowscale);
+    return {out, sum, at::Tensor(), rstd, rng_state};  // no mean
   };
-  auto [out, sum, mean, rstd] =
+  auto [out, sum, mean, rstd, rng_state] =
       autograd_call(kKind, input, residual, normalized_shape, p.weight, std::nullopt,
-                    eps.value_or(default_rms_eps(input)), below);
-  return {out, sum, rstd};
+                    eps.value_or(default_rms_eps(input)), below, Dropout{dropout_p, rowscale});
+  return {out, sum, rstd, rng_state};
 }
 
 // Under CUDA autocast: the sum as eager's (autocast leaves add alone; in residual_dtype),
@@ -50,11 +50,17 @@ Result autograd_kernel(const at::Tensor& input, const at::Tensor& residual,
 Result autocast_cuda(const at::Tensor& input, const at::Tensor& residual,
                      c10::SymIntArrayRef normalized_shape, const OptTensor& weight,
                      std::optional<double> eps, bool zero_centered_weight,
-                     OptDtype residual_dtype) {
-  const at::Tensor sum = autocast_sum(kKind, input, residual, residual_dtype);
+                     OptDtype residual_dtype, double dropout_p, const OptTensor& rowscale) {
+  const auto [sum, rng_state] = autocast_sum(kKind, input, residual, residual_dtype,
+                                             Dropout{dropout_p, rowscale}, [&] {
+    auto [out, s, rstd, state] = op().call(input, residual, normalized_shape, weight, eps,
+                                           zero_centered_weight, residual_dtype, dropout_p,
+                                           rowscale);
+    return Outputs{out, s, at::Tensor(), rstd, state};
+  });
   auto [out, rstd] =
       public_ops::rms_norm().call(sum, normalized_shape, weight, eps, zero_centered_weight);
-  return {out, sum, rstd};
+  return {out, sum, rstd, rng_state};
 }
 
 }  // namespace

@@ -72,8 +72,14 @@ inline at::Tensor norm_forward(bool centered, const at::Tensor& x, int64_t dims,
 }
 
 // s = input + residual in sum_type (the input's, or wider: residual_dtype), one rounding.
+// With multipliers (the add ops' dropout / rowscale, in the computation type), as the
+// kernels: input * multipliers and + residual each rounded in that type, then to sum_type.
 inline at::Tensor residual_sum(const at::Tensor& input, const at::Tensor& residual,
-                               at::ScalarType sum_type) {
+                               at::ScalarType sum_type, const at::Tensor& multipliers = {}) {
+  if (multipliers.defined()) {
+    const at::ScalarType type = multipliers.scalar_type();
+    return at::add(at::mul(input.to(type), multipliers), residual.to(type)).to(sum_type);
+  }
   if (input.scalar_type() == sum_type && residual.scalar_type() == sum_type) {
     return at::add(input, residual);
   }
@@ -85,16 +91,19 @@ inline at::Tensor residual_sum(const at::Tensor& input, const at::Tensor& residu
 // grad_out or grad_sum may be undefined (no gradient reached it); weight and bias may be
 // undefined. The arithmetic is in compute_type, the result rounded once to the input's
 // (and the parameters') dtype; sum_type: the sum's (residual_sum), whose gradient is the
-// residual's before its rounding to the residual's dtype.
+// residual's before its rounding to the residual's dtype; multipliers: the input's dropout /
+// rowscale (residual_sum), which its gradient is multiplied by.
 inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
                                              const at::Tensor& input, const at::Tensor& residual,
                                              int64_t dims, const at::Tensor& weight,
                                              const at::Tensor& bias, double eps,
                                              const at::Tensor& grad_out,
                                              const at::Tensor& grad_sum,
-                                             at::ScalarType sum_type) {
+                                             at::ScalarType sum_type,
+                                             const at::Tensor& multipliers = {}) {
   std::vector<at::Tensor> grads(4);
-  const at::Tensor sum = has_residual ? residual_sum(input, residual, sum_type) : input;
+  const at::Tensor sum =
+      has_residual ? residual_sum(input, residual, sum_type, multipliers) : input;
   at::Tensor grad_input;
   if (grad_out.defined()) {
     const auto type = compute_type(sum, weight, bias);
@@ -114,7 +123,8 @@ inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
                                       : grad_sum;
   }
   if (grad_input.defined()) {
-    grads[0] = grad_input.to(input.scalar_type());
+    grads[0] = multipliers.defined() ? (grad_input * multipliers).to(input.scalar_type())
+                                     : grad_input.to(input.scalar_type());
     if (has_residual) grads[1] = grad_input.to(residual.scalar_type());
   }
   return grads;

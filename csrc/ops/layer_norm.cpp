@@ -19,7 +19,7 @@ Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
             const OptTensor& weight, const OptTensor& bias, double eps,
             bool zero_centered_weight) {
   const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
-  auto [out, sum, mean, rstd] =
+  auto [out, sum, mean, rstd, rng_state] =
       forward_rows(kKind, input, std::nullopt, normalized_shape, p.weight, p.bias, eps);
   return {out, mean, rstd};
 }
@@ -30,9 +30,9 @@ Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_s
   const Params p = effective_params(kKind, input, weight, bias, zero_centered_weight);
   const auto below = [&]() -> Outputs {
     auto [out, mean, rstd] = op().call(input, normalized_shape, p.weight, p.bias, eps, false);
-    return {out, at::Tensor(), mean, rstd};  // no sum without a residual
+    return {out, at::Tensor(), mean, rstd, at::Tensor()};  // no sum without a residual
   };
-  auto [out, sum, mean, rstd] =
+  auto [out, sum, mean, rstd, rng_state] =
       autograd_call(kKind, input, std::nullopt, normalized_shape, p.weight, p.bias, eps, below);
   return {out, mean, rstd};
 }

@@ -45,7 +45,8 @@ Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const Opt
   const at::Tensor x = as_rows(input, 1);
   auto [normed, sum, mean, rstd] = row_ops::norm_fwd().call(
       x, std::nullopt, contiguous_or_none(ln_weight), contiguous_or_none(ln_bias), eps,
-      /*centered=*/true, /*sum_dtype=*/std::nullopt);
+      /*centered=*/true, /*sum_dtype=*/std::nullopt, /*dropout_p=*/0.0,
+      /*rowscale=*/std::nullopt, /*rng_state=*/std::nullopt);
   auto [y, hidden] = row_ops::gelu_ffn_fwd().call(normed, weight1.contiguous(),
                                                   contiguous_or_none(bias1), weight2.contiguous(),
                                                   contiguous_or_none(bias2), approximate);

@@ -8,6 +8,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
@@ -23,9 +24,10 @@
 namespace fusednorm::norm_family {
 
 using OptTensor = std::optional<at::Tensor>;
-// (out, sum, mean, rstd): sum is input + residual (undefined without a residual), mean [0]
-// for RMSNorm; every op returns the ones its schema names.
-using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// (out, sum, mean, rstd, rng_state): sum is input + residual (undefined without a residual),
+// mean [0] for RMSNorm, rng_state the add ops' dropout state (undefined without a residual);
+// every op returns the ones its schema names.
+using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 struct NormKind {
   const char* name;  // the Python function, for messages: "fusednorm.rms_norm"
@@ -75,6 +77,41 @@ inline void check_residual(const NormKind& kind, const at::Tensor& input,
   }
 }
 
+// The add ops' dropout_p and rowscale (the user's: of the input's leading dims' shape).
+// Active: the input is multiplied before the add (common/philox.h), and its gradient
+// with the same multipliers.
+struct Dropout {
+  double p = 0.0;
+  OptTensor rowscale;
+
+  bool active() const { return p > 0.0 || given(rowscale); }
+};
+
+// dropout_p in [0, 1]; rowscale: the leading dims' shape, a float dtype, the input's device.
+inline void check_dropout(const NormKind& kind, const at::Tensor& input, int64_t dims,
+                          const Dropout& dropout) {
+  TORCH_CHECK_VALUE(dropout.p >= 0.0 && dropout.p <= 1.0, kind.name,
+                    ": dropout_p must be in [0, 1], got ", dropout.p);
+  if (!given(dropout.rowscale)) return;
+  const at::Tensor& r = *dropout.rowscale;
+  const auto lead = input.sizes().slice(0, input.dim() - dims);
+  TORCH_CHECK_VALUE(r.sizes() == lead, kind.name,
+                    ": rowscale must have the shape of input's leading dims ", lead, ", got ",
+                    r.sizes());
+  TORCH_CHECK(r.device() == input.device(), kind.name, ": rowscale is on ", r.device(),
+              " but input is on ", input.device());
+  TORCH_CHECK_TYPE(is_supported_float(r.scalar_type()), kind.name,
+                   ": rowscale must be float32, float64, float16 or bfloat16, got ",
+                   python_dtype(r.scalar_type()));
+}
+
+// rowscale as the kernels read it: [M] contiguous in the statistics' dtype (float32;
+// float64 for a float64 input). M values: no pass over the rows.
+inline OptTensor rowscale_rows(const OptTensor& rowscale, const at::Tensor& input) {
+  if (!given(rowscale)) return std::nullopt;
+  return rowscale->reshape({-1}).to(stats_dtype(input.scalar_type())).contiguous();
+}
+
 // zero_centered_weight: the kernels get 1 + weight as their weight, formed here once per
 // call (N values, never a pass over the rows) in the computation type (float32; float64 for
 // a float64 input): one rounding of the exact sum, the same on every device, and no kernel
@@ -106,35 +143,58 @@ inline Params effective_params(const NormKind& kind, const at::Tensor& input,
 // Below autograd, any backend: check, view as rows, run the backend kernel, give back the
 // input's shape.
 // sum: the sum's dtype (sum_type; the input's without a residual).
+// dropout (the add ops): rng_state is int64 [2] on the input's device with dropout_p > 0,
+// [0] without.
 inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
                             const OptTensor& residual, c10::SymIntArrayRef normalized_shape,
                             const OptTensor& weight, const OptTensor& bias, double eps,
-                            OptDtype sum_dtype = std::nullopt) {
+                            OptDtype sum_dtype = std::nullopt, const Dropout& dropout = {}) {
   const auto shape = C10_AS_INTARRAYREF_SLOW(normalized_shape);
   check_layer_norm_call(kind.name, input, shape, weight, bias, eps);
+  const auto dims = static_cast<int64_t>(shape.size());
   if (kind.residual) {
     check_residual(kind, input, *residual, sum_dtype.value_or(input.scalar_type()));
+    check_dropout(kind, input, dims, dropout);
   }
-  const auto dims = static_cast<int64_t>(shape.size());
   const at::Tensor x = as_rows(input, dims);
   const OptTensor r = kind.residual ? OptTensor(as_rows(*residual, dims)) : std::nullopt;
   if (sum_dtype == input.scalar_type()) sum_dtype = std::nullopt;
-  auto [out, sum, mean, rstd] = row_ops::norm_fwd().call(x, r, flat(weight), flat(bias), eps,
-                                                         kind.centered, sum_dtype);
+  at::Tensor rng_state;
+  if (kind.residual) rng_state = at::empty({dropout.p > 0.0 ? 2 : 0}, input.options().dtype(at::kLong));
+  auto [out, sum, mean, rstd] = row_ops::norm_fwd().call(
+      x, r, flat(weight), flat(bias), eps, kind.centered, sum_dtype, dropout.p,
+      rowscale_rows(dropout.rowscale, input),
+      dropout.p > 0.0 ? OptTensor(rng_state) : std::nullopt);
   // Without a residual, sum is an empty placeholder: no sum output.
   sum = kind.residual ? shaped_like(sum, input.sizes()) : at::Tensor();
-  return {shaped_like(out, input.sizes()), sum, mean, rstd};
+  return {shaped_like(out, input.sizes()), sum, mean, rstd, rng_state};
+}
+
+// The multipliers of a forward with dropout / rowscale as a tensor of the input's shape, in
+// the statistics' dtype: what the ATen formulas (create_graph, forward-mode AD) multiply
+// the input and its gradient by.
+inline at::Tensor multipliers(const at::Tensor& input, int64_t dims, const Dropout& dropout,
+                              const at::Tensor& rng_state) {
+  const at::ScalarType type = stats_dtype(input.scalar_type());
+  const at::Tensor ones = at::ones(as_rows(input, dims).sizes(), input.options().dtype(type));
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return row_ops::dropout_scale()
+      .call(ones, rowscale_rows(dropout.rowscale, input), rng_state, dropout.p, type)
+      .view(input.sizes());
 }
 
 // The op from ATen's differentiable ops (formulas::norm_forward): (out, sum), sum = input +
 // residual in sum_type (the input without a residual), out in the input's dtype. What gives
 // forward-mode AD's tangents.
+// multipliers: undefined, or the input's dropout / rowscale (multipliers()).
 inline std::pair<at::Tensor, at::Tensor> reference(const NormKind& kind, const at::Tensor& input,
                                                    const at::Tensor& residual, int64_t dims,
                                                    const at::Tensor& weight,
                                                    const at::Tensor& bias, double eps,
-                                                   at::ScalarType sum_type) {
-  const at::Tensor sum = kind.residual ? formulas::residual_sum(input, residual, sum_type) : input;
+                                                   at::ScalarType sum_type,
+                                                   const at::Tensor& multipliers = {}) {
+  const at::Tensor sum =
+      kind.residual ? formulas::residual_sum(input, residual, sum_type, multipliers) : input;
   const at::Tensor out = formulas::norm_forward(kind.centered, sum, dims, weight, bias, eps);
   return {out.to(input.scalar_type()), sum};
 }
@@ -144,13 +204,16 @@ inline std::pair<at::Tensor, at::Tensor> reference(const NormKind& kind, const a
 inline void attach_tangents(const NormKind& kind, const at::Tensor& input,
                             const OptTensor& residual, c10::SymIntArrayRef shape,
                             const OptTensor& weight, const OptTensor& bias, double eps,
-                            const at::Tensor& out, const at::Tensor& sum) {
+                            const at::Tensor& out, const at::Tensor& sum,
+                            const Dropout& dropout = {}, const at::Tensor& rng_state = {}) {
   if (!any_tangent(input, residual, weight, bias)) return;
+  const auto dims = static_cast<int64_t>(shape.size());
+  const at::Tensor m = dropout.active() ? multipliers(input, dims, dropout, rng_state)
+                                        : at::Tensor();
   const auto [ref_out, ref_sum] =
-      reference(kind, input, residual.value_or(at::Tensor()),
-                static_cast<int64_t>(shape.size()), weight.value_or(at::Tensor()),
-                bias.value_or(at::Tensor()), eps,
-                kind.residual ? sum.scalar_type() : input.scalar_type());
+      reference(kind, input, residual.value_or(at::Tensor()), dims,
+                weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), eps,
+                kind.residual ? sum.scalar_type() : input.scalar_type(), m);
   attach_tangent(out, ref_out);
   if (kind.residual) attach_tangent(sum, ref_sum);
 }
@@ -178,6 +241,11 @@ struct NormBackward : public torch::autograd::Node {
   // For a create_graph backward, which recomputes from the op's inputs: with a residual
   // (without one, normed_input_ is the input).
   torch::autograd::SavedVariable input_, residual_;
+  // The add ops' dropout / rowscale (inactive: none): the input's gradient is the sum's
+  // times the forward's multipliers, its mask regenerated from rng_state.
+  bool dropout_active_ = false;
+  double dropout_p_ = 0.0;
+  torch::autograd::SavedVariable rowscale_, rng_state_;
   NormKind kind_{};
   int64_t dims_ = 1;
   double eps_ = 0;
@@ -190,7 +258,8 @@ struct NormBackward : public torch::autograd::Node {
   }
 
   void release_variables() override {
-    for (auto* v : {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &input_, &residual_}) {
+    for (auto* v : {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &input_, &residual_,
+                    &rowscale_, &rng_state_}) {
       v->reset_data();
     }
   }
@@ -201,14 +270,18 @@ struct NormBackward : public torch::autograd::Node {
                      bias = bias_.unpack(), mean = mean_.unpack(), rstd = rstd_.unpack();
     const at::Tensor& grad_out = grads[0];
     const at::Tensor grad_sum = kind_.residual ? grads[1] : at::Tensor();
+    const Dropout dropout{dropout_p_, dropout_active_ ? OptTensor(rowscale_.unpack()) : std::nullopt};
     variable_list result(4);
     if (!grad_out.defined() && !grad_sum.defined()) return result;
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
       const at::Tensor input = kind_.residual ? input_.unpack() : normed_input;
+      const at::Tensor m = dropout_active_
+                               ? multipliers(input, dims_, dropout, rng_state_.unpack())
+                               : at::Tensor();
       return formulas::norm_backward(kind_.centered, kind_.residual, input,
                                               residual_.unpack(), dims_, weight, bias, eps_,
-                                              grad_out, grad_sum, sum_type_);
+                                              grad_out, grad_sum, sum_type_, m);
     }
 
     const at::Tensor x = as_rows(normed_input, dims_);
@@ -223,11 +296,19 @@ struct NormBackward : public torch::autograd::Node {
     const OptTensor ds = grad_sum.defined() ? OptTensor(as_rows(grad_sum, dims_)) : std::nullopt;
     std::tie(grad_input, grad_weight, grad_bias) = row_ops::norm_bwd().call(
         dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered);
-    grad_input = shaped_like(grad_input, normed_input.sizes());
     // d(input + residual) / d residual = 1. With a wider sum (residual_dtype) the kernel's
     // gradient has the sum's dtype, and is rounded once here to the input's (and to a
     // residual's of the input's dtype): one more pass, as the backend's dx has one dtype.
-    result[0] = grad_input.to(input_type_);
+    // With dropout / rowscale, the input's is the sum's times the multipliers, formed
+    // (and rounded to the input's dtype) in that pass.
+    if (dropout_active_) {
+      result[0] = shaped_like(
+          row_ops::dropout_scale().call(grad_input, rowscale_rows(dropout.rowscale, normed_input),
+                                        rng_state_.unpack(), dropout_p_, input_type_),
+          normed_input.sizes());
+    }
+    grad_input = shaped_like(grad_input, normed_input.sizes());
+    if (!dropout_active_) result[0] = grad_input.to(input_type_);
     if (kind_.residual) result[1] = grad_input.to(residual_type_);
     if (weight.defined()) result[2] = grad_weight.view(weight.sizes());
     if (bias.defined()) result[3] = grad_bias.view(bias.sizes());
@@ -240,14 +321,14 @@ struct NormBackward : public torch::autograd::Node {
 // residual) to a NormBackward node. mean and rstd get no history: not differentiable.
 inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTensor& residual,
                       int64_t dims, const OptTensor& weight, const OptTensor& bias, double eps,
-                      const BelowAutograd& below) {
+                      const BelowAutograd& below, const Dropout& dropout) {
   auto [node_ptr, node] = make_node<NormBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(input, residual, weight, bias));
   Outputs outputs = [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return below();
   }();
-  auto& [out, sum, mean, rstd] = outputs;
+  auto& [out, sum, mean, rstd, rng_state] = outputs;
   torch::autograd::set_history(out, node_ptr);
   if (kind.residual) torch::autograd::set_history(sum, node_ptr);
   node->kind_ = kind;
@@ -270,36 +351,58 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
     node->input_ = torch::autograd::SavedVariable(input, false);
     node->residual_ = torch::autograd::SavedVariable(*residual, false);
   }
+  if (dropout.active()) {
+    node->dropout_active_ = true;
+    node->dropout_p_ = dropout.p;
+    node->rowscale_ = torch::autograd::SavedVariable(defined_or_empty(dropout.rowscale), false);
+    node->rng_state_ = torch::autograd::SavedVariable(rng_state, false);
+  }
   return outputs;
 }
 
 // The autograd kernel of every norm op: the op below autograd when nothing requires grad
 // (no node, no saved tensors), record() when something does, then the tangents of
 // forward-mode AD (attach_tangents).
+// dropout (the add ops): rowscale is not differentiable, and says so when it requires grad.
 inline Outputs autograd_call(const NormKind& kind, const at::Tensor& input,
                              const OptTensor& residual, c10::SymIntArrayRef normalized_shape,
                              const OptTensor& weight, const OptTensor& bias, double eps,
-                             const BelowAutograd& below) {
+                             const BelowAutograd& below, const Dropout& dropout = {}) {
+  TORCH_CHECK(!given(dropout.rowscale) || !dropout.rowscale->requires_grad() ||
+                  !at::GradMode::is_enabled(),
+              kind.name, ": rowscale is not differentiable; pass rowscale.detach()");
   Outputs outputs = [&]() -> Outputs {
     if (!needs_grad(input, residual, weight, bias)) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       return below();
     }
     return record(kind, input, residual, static_cast<int64_t>(normalized_shape.size()), weight,
-                  bias, eps, below);
+                  bias, eps, below, dropout);
   }();
   attach_tangents(kind, input, residual, normalized_shape, weight, bias, eps,
-                  std::get<0>(outputs), std::get<1>(outputs));
+                  std::get<0>(outputs), std::get<1>(outputs), dropout, std::get<4>(outputs));
   return outputs;
 }
 
-// The add ops' sum under CUDA autocast (which leaves add alone): input + residual in
-// residual_dtype's sum type, as eager's `input + residual` (or its float32 form).
-inline at::Tensor autocast_sum(const NormKind& kind, const at::Tensor& input,
-                               const at::Tensor& residual, OptDtype residual_dtype) {
+// The add ops' (sum, rng_state) under CUDA autocast (which leaves add and dropout alone):
+// input + residual in residual_dtype's sum type, as eager's `input + residual` (or its
+// float32 form). With dropout / rowscale, the sum of the op itself below autocast
+// (op_below, its own output unused: a normalize pass more than needed, on this path only).
+template <class OpBelow>
+std::pair<at::Tensor, at::Tensor> autocast_sum(const NormKind& kind, const at::Tensor& input,
+                                               const at::Tensor& residual,
+                                               OptDtype residual_dtype, const Dropout& dropout,
+                                               const OpBelow& op_below) {
+  if (dropout.active()) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+    const Outputs outputs = op_below();
+    return {std::get<1>(outputs), std::get<4>(outputs)};
+  }
   const at::ScalarType type = sum_type(kind, input, residual_dtype);
   check_residual(kind, input, residual, type);
-  return formulas::residual_sum(input, residual, type);
+  check_dropout(kind, input, 1, dropout);
+  return {formulas::residual_sum(input, residual, type),
+          at::empty({0}, input.options().dtype(at::kLong))};
 }
 
 // CUDA autocast as torch.nn.functional's: layer_norm and rms_norm are on autocast's

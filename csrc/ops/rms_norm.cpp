@@ -17,7 +17,7 @@ const auto& op() { return public_ops::rms_norm(); }
 Result rows(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
             const OptTensor& weight, std::optional<double> eps, bool zero_centered_weight) {
   const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
-  auto [out, sum, mean, rstd] = forward_rows(kKind, input, std::nullopt, normalized_shape,
+  auto [out, sum, mean, rstd, rng_state] = forward_rows(kKind, input, std::nullopt, normalized_shape,
                                              p.weight, std::nullopt,
                                              eps.value_or(default_rms_eps(input)));
   return {out, rstd};
@@ -29,9 +29,9 @@ Result autograd_kernel(const at::Tensor& input, c10::SymIntArrayRef normalized_s
   const Params p = effective_params(kKind, input, weight, std::nullopt, zero_centered_weight);
   const auto below = [&]() -> Outputs {
     auto [out, rstd] = op().call(input, normalized_shape, p.weight, eps, false);
-    return {out, at::Tensor(), at::Tensor(), rstd};  // no sum, no mean
+    return {out, at::Tensor(), at::Tensor(), rstd, at::Tensor()};  // no sum, no mean
   };
-  auto [out, sum, mean, rstd] =
+  auto [out, sum, mean, rstd, rng_state] =
       autograd_call(kKind, input, std::nullopt, normalized_shape, p.weight, std::nullopt,
                     eps.value_or(default_rms_eps(input)), below);
   return {out, rstd};

@@ -43,6 +43,11 @@ def row_stat(input: torch.Tensor, rows) -> torch.Tensor:
     return input.new_empty((rows,), dtype=stats_dtype(input.dtype))
 
 
+def rng_state(input: torch.Tensor, dropout_p) -> torch.Tensor:
+    """The add ops' dropout state: int64 (seed, offset) with dropout_p > 0, else empty."""
+    return input.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
+
+
 def leading_rows(input: torch.Tensor, trailing_dims: int):
     """The number of rows when the last `trailing_dims` dims of input form a row."""
     return math.prod(input.shape[: input.dim() - trailing_dims])

@@ -8,7 +8,8 @@ from ._library import register_fake, row_stat
 
 
 @register_fake("norm_fwd")
-def _norm_fwd_fake(input, residual, weight, bias, eps, centered, sum_dtype=None):
+def _norm_fwd_fake(input, residual, weight, bias, eps, centered, sum_dtype=None, dropout_p=0.0,
+                   rowscale=None, rng_state=None):
     rows = input.shape[0]
     total = (torch.empty_like(input, dtype=sum_dtype or input.dtype) if residual is not None
              else input.new_empty((0,)))
@@ -22,6 +23,11 @@ def _norm_bwd_fake(grad_out, grad_sum, input, mean, rstd, weight, bias, centered
     grad_weight = weight.new_empty((cols,)) if weight is not None else input.new_empty((0,))
     grad_bias = bias.new_empty((cols,)) if bias is not None else input.new_empty((0,))
     return torch.empty_like(input), grad_weight, grad_bias
+
+
+@register_fake("dropout_scale")
+def _dropout_scale_fake(grad, rowscale, rng_state, dropout_p, dtype):
+    return torch.empty_like(grad, dtype=dtype)
 
 
 @register_fake("layer_norm_apply")

@@ -20,10 +20,23 @@ from ._library import OPS
 
 def _batch_rule(op, data: Sequence[int]):
     """The vmap rule of `op` whose arguments at positions `data` are row data (the rest are
-    parameters or non-tensors)."""
+    parameters or non-tensors; a None among the data stays None)."""
+    schema = op._schema
+    names = [arg.name for arg in schema.arguments]
+    dropout_at = names.index("dropout_p") if "dropout_p" in names else None
+    # The add ops' rng_state: one (seed, offset) per call, not per batch element.
+    unbatched_out = {i for i, ret in enumerate(schema.returns) if ret.name == "rng_state"}
 
     def rule(info, in_dims, *args):
         batch = info.batch_size
+        dropout_p = args[dropout_at] if dropout_at is not None and dropout_at < len(args) else 0
+        if dropout_p > 0 and info.randomness != "different":
+            # vmap's own rule for random ops: 'error' by default; 'same' (one mask for every
+            # batch element) is not what one fused call over the folded rows draws.
+            raise RuntimeError(
+                f"vmap: fusednorm.{schema.name.split('::')[-1]} with dropout_p > 0 is a random "
+                f"operation; under vmap it needs randomness='different' (got "
+                f"{info.randomness!r})")
         # in_dims: an int for a batched tensor; None (or, for a list such as
         # normalized_shape, a list of Nones) otherwise.
         in_dims = [d if isinstance(d, int) else None for d in in_dims]
@@ -31,27 +44,29 @@ def _batch_rule(op, data: Sequence[int]):
         if not params_batched:
             folded = list(args)
             for i in data:
+                if i >= len(args) or args[i] is None:
+                    continue
                 if in_dims[i] is None:  # unbatched data beside batched: the same for each
                     folded[i] = args[i].expand(batch, *args[i].shape)
                 else:
                     folded[i] = args[i].movedim(in_dims[i], 0)
             outputs = op(*folded)
-        else:
-            per_element = [
-                op(*[a.select(d, b) if d is not None else a for a, d in zip(args, in_dims)])
-                for b in range(batch)
-            ]
-            outputs = tuple(torch.stack(parts) for parts in zip(*per_element))
+            return outputs, tuple(None if i in unbatched_out else 0 for i in range(len(outputs)))
+        per_element = [
+            op(*[a.select(d, b) if d is not None else a for a, d in zip(args, in_dims)])
+            for b in range(batch)
+        ]
+        outputs = tuple(torch.stack(parts) for parts in zip(*per_element))
         return outputs, (0,) * len(outputs)
 
     return rule
 
 
-# Op name -> positions of its row data: the arguments named input and residual of each public
-# op's schema (csrc/op_table.h).
+# Op name -> positions of its row data: the arguments named input and residual (and the
+# add ops' rowscale, one factor per row) of each public op's schema (csrc/op_table.h).
 _DATA_ARGS = {
     name: tuple(i for i, arg in enumerate(getattr(OPS, name).default._schema.arguments)
-                if arg.name in ("input", "residual"))
+                if arg.name in ("input", "residual", "rowscale"))
     for name in (PUBLIC_OPS if OPS is not None else ())
 }
 

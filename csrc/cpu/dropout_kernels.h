@@ -1,0 +1,104 @@
+#pragma once
+// The CPU side of the add ops' dropout and rowscale (common/philox.h has the mask rule):
+// the forward's s = x * m + residual of one row, and dropout_scale's grad * m over [M, N]
+// rows. m is a kept element's factor (1 / (1 - p) times the row's rowscale, rounded once in
+// acc_t) or 0; x * m and + residual round separately (no fma), as the CUDA kernels do, so
+// that both devices give one sum for one mask.
+
+#include <cstdint>
+
+#include "common/philox.h"
+#include "cpu/parallel.h"
+#include "cpu/vec_io.h"
+
+namespace fusednorm::cpu {
+
+// The multipliers of one call: its mask (inactive: rowscale alone) and rowscale ([M], or
+// null).
+template <typename acc_t>
+struct RowMultipliers {
+  philox::Dropout dropout;
+  const acc_t* rowscale = nullptr;
+  int64_t N = 0;
+
+  bool active() const { return dropout.active() || rowscale != nullptr; }
+
+  // A kept element's factor in row `row`.
+  acc_t factor(int64_t row) const {
+    const acc_t scale = static_cast<acc_t>(dropout.scale);
+    return rowscale != nullptr ? scale * rowscale[row] : scale;
+  }
+
+  // m of columns [col, col + count) of row `row` into m, f being factor(row).
+  void fill(int64_t row, int64_t col, int64_t count, acc_t f, acc_t* m) const {
+    if (!dropout.active()) {
+      for (int64_t j = 0; j < count; ++j) m[j] = f;
+      return;
+    }
+    const uint64_t first = static_cast<uint64_t>(row * N + col);
+    uint64_t quad = first >> 2;
+    philox::Block draws = philox::draws(dropout.seed, dropout.offset, quad);
+    for (int64_t j = 0; j < count; ++j) {
+      const uint64_t i = first + static_cast<uint64_t>(j);
+      if ((i >> 2) != quad) {
+        quad = i >> 2;
+        draws = philox::draws(dropout.seed, dropout.offset, quad);
+      }
+      m[j] = philox::keeps(draws.v[i & 3], dropout.threshold) ? f : acc_t(0);
+    }
+  }
+};
+
+// s = a * m + b over row `row` (a: the input, b: the residual), in acc_t, rounded once to S:
+// add_row's counterpart with the multipliers.
+template <typename A, typename B, typename S, typename acc_t>
+void add_row_scaled(const A* a, const B* b, S* s, int64_t N, int64_t row,
+                    const RowMultipliers<acc_t>& mult) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t W = VecIO<A, acc_t>::kWidth;
+  constexpr int64_t H = Vec::size();
+  static_assert(VecIO<B, acc_t>::kWidth == W && VecIO<S, acc_t>::kWidth == W && W == 2 * H);
+  const acc_t f = mult.factor(row);
+  alignas(64) acc_t m[W];
+  for (int64_t i = 0; i < N; i += W) {
+    const int64_t count = std::min<int64_t>(W, N - i);
+    mult.fill(row, i, count, f, m);
+    for (int64_t j = count; j < W; ++j) m[j] = acc_t(0);
+    const Vec mlo = Vec::loadu(m), mhi = Vec::loadu(m + H);
+    Vec alo, ahi, blo, bhi;
+    if (count == W) {
+      VecIO<A, acc_t>::load(a + i, alo, ahi);
+      VecIO<B, acc_t>::load(b + i, blo, bhi);
+      VecIO<S, acc_t>::store(s + i, alo * mlo + blo, ahi * mhi + bhi);
+    } else {
+      load_partial<A, acc_t>(a + i, count, alo, ahi);
+      load_partial<B, acc_t>(b + i, count, blo, bhi);
+      store_partial<false>(s + i, count, alo * mlo + blo, ahi * mhi + bhi);
+    }
+  }
+}
+
+// out = grad * m over [M, N] rows, grad of G (acc_t's, or float beside 16-bit O), rounded
+// once to O.
+template <typename G, typename O, typename acc_t>
+void dropout_scale_rows(const G* grad, O* out, int64_t M, int64_t N,
+                        const RowMultipliers<acc_t>& mult) {
+  parallel_chunks(M, row_grain(N), [&](int64_t begin, int64_t end) {
+    constexpr int64_t kBlock = 256;
+    acc_t m[kBlock];
+    for (int64_t row = begin; row < end; ++row) {
+      const acc_t f = mult.factor(row);
+      for (int64_t col = 0; col < N; col += kBlock) {
+        const int64_t count = std::min<int64_t>(kBlock, N - col);
+        mult.fill(row, col, count, f, m);
+        const G* g = grad + row * N + col;
+        O* o = out + row * N + col;
+        for (int64_t j = 0; j < count; ++j) {
+          o[j] = static_cast<O>(static_cast<acc_t>(g[j]) * m[j]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace fusednorm::cpu
