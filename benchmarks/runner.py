@@ -33,7 +33,7 @@ class Case:
     reference of (y, dx, d params...), and the minimal bytes / flops of each pass."""
 
     dtype: torch.dtype
-    fields: dict[str, int]  # row fields after dtype, e.g. {"M": 4096, "N": 1024}
+    fields: dict[str, int | str]  # row fields after dtype, e.g. {"M": 4096, "N": 1024}
     inputs: list[tuple[torch.Tensor, torch.Tensor]]  # (x with requires_grad, dy)
     providers: list[Provider]
     reference: Callable[..., list[torch.Tensor]]
