@@ -22,6 +22,8 @@ HALF = (torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class Variant:
+    """One variant of the sum: its name in the rows and fusednorm's options for it."""
+
     name: str  # the rows' "variant"
     description: str
     residual_dtype: torch.dtype | None = None
