@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -49,6 +50,18 @@ def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str
                 " root: build in place with `python setup.py build_ext --inplace`"
                 " or install with `pip install -e .`)")
     return f"fusednorm imported from {where} cannot run on {device.type}: {why}{hint}"
+
+
+def call_skip_reason(call: Callable[[], object], what: str) -> str | None:
+    """None when call() runs (a tiny forward and backward of a provider's options); else
+    why `what` cannot be benchmarked here, e.g. a fusednorm that predates a keyword argument
+    or has no kernel for it on the device."""
+    try:
+        call()
+    except Exception as error:  # TypeError, NotImplementedError, a RuntimeError of a check
+        first_line = (str(error).splitlines() or [""])[0]
+        return f"{what} raised {type(error).__name__}: {first_line}"
+    return None
 
 
 def usable_providers(wanted, known, device: torch.device, notes: list[str], *, backend_op: str,

@@ -1,19 +1,23 @@
 """Suites `rms_norm`, `add_layer_norm`, `add_rms_norm`: fusednorm against PyTorch eager (the
 composite `s = x + r; norm(s)` for the add_* ops), torch.compile of it and Liger-Kernel's
-RMSNorm (GPU, when importable), fwd / bwd / fwd+bwd, judged by the minimal bytes each pass
-must move against the copy bandwidth measured in the same run.
+RMSNorm (GPU, when importable), fwd / bwd / fwd+bwd, judged by the bytes each pass moves
+against the copy bandwidth measured in the same run. The add_* suites also time the variants
+of benchmarks/norm_variants.py (a float32 residual stream, dropout, dropout with a row scale)
+on a few cases (--all-variant-cases: on every case).
 
     python -m benchmarks.bench_norm_family rms_norm [--device cpu] [--dtypes bf16] ...
+    python -m benchmarks.bench_norm_family add_rms_norm --variants fp32-residual --all-variant-cases
 
-A suite is a NormSuite: its providers' functions, its minimal bytes, its float64
-reference. The cases, checks, timing and files are the shared harness's (runner, report).
+A suite is a NormSuite: its norm, fusednorm's op, the bytes each pass moves, its providers'
+functions per variant. The cases, checks, timing and files are the shared harness's (runner,
+report).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +27,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch
 import torch.nn.functional as F
 
-from benchmarks import availability, bench_layer_norm, cli, floors, harness, report, runner
+from benchmarks import (availability, bench_layer_norm, cli, floors, harness, norm_variants,
+                        report, runner)
+from benchmarks.norm_variants import PLAIN, VARIANTS, Variant
 
 fusednorm = availability.import_fusednorm()
 
@@ -33,82 +39,144 @@ CPU_DTYPES = [torch.float32, torch.bfloat16]
 GPU_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 GPU_ELEMENTS = 1 << 26
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-@dataclass
-class NormSuite:
-    """One op's suite. Functions take (x, r, w) and return the op's differentiable outputs
-    (r is None for ops without a residual)."""
-
-    SUITE: str
-    functions: dict[str, Callable]
-    residual: bool
-    outputs: list[str]
-
-    def minimal_bytes(self, M: int, N: int, dtype: torch.dtype) -> dict[str, int]:
-        """fwd reads x (and r), w; writes y (and s) and rstd. bwd reads x (or s), dy (and
-        ds), rstd, w; writes dx (and dr: the same values, counted once) and dw."""
-        size = torch.finfo(dtype).bits // 8
-        rows, stats = M * N * size, M * (8 if dtype == torch.float64 else 4)
-        streams = 2 if self.residual else 1
-        fwd = (2 * streams) * rows + N * size + stats
-        bwd = (2 + streams) * rows + stats + 2 * N * size
-        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
-
-    def parser(self) -> argparse.ArgumentParser:
-        return cli.suite_parser(f"suite {self.SUITE}: " + __doc__.splitlines()[0],
-                                list(self.functions))
-
-    def run(self, args: argparse.Namespace):
-        return run(self, args)
-
-
-def _rms(x, r, w):
-    return F.rms_norm(x, x.shape[-1:], w, EPS)
-
-
-def _add_rms(x, r, w):
-    s = x + r
-    return F.rms_norm(s, s.shape[-1:], w, EPS), s
-
-
-def _add_layer_norm(x, r, w):
-    s = x + r
-    return F.layer_norm(s, s.shape[-1:], w, None, EPS), s
-
+# The variants other than plain, in a default run: bfloat16 (the training setup they serve) at
+# the first CPU shape, on the GPU at N = 4096 and 16384 (quick: 4096). Few, because the
+# default GPU run must stay short (issue 41); --all-variant-cases times them at every case.
+VARIANT_DTYPES = [torch.bfloat16]
+# A quick run and a default CPU run (the longest default run already) leave out plain
+# `dropout`: `dropout-rowscale` runs its path, with the scale.
+FEW_VARIANTS = ["plain", "fp32-residual", "dropout-rowscale"]
+VARIANT_CPU_SHAPES = CPU_SHAPES[:1]
+VARIANT_GPU_NS = [4096, 16384]
 
 # fusednorm with zero_centered_weight: given w - 1 (a weight of [N], not a pass over the
 # rows), so that it computes what the other providers compute and passes their check.
 ZERO_CENTERED = "fusednorm zero-centered"
 
 
-def _liger_rms(x, r, w):
+@dataclass
+class NormSuite:
+    """One op's suite. norm(s, w): the op's norm of s (eps included), PyTorch's; fused(x, r,
+    w, **options): fusednorm's op (r unused without a residual)."""
+
+    SUITE: str
+    norm: Callable
+    fused: Callable
+    residual: bool
+    centered: bool  # LayerNorm: a mean beside rstd
+    outputs: list[str]
+    liger: Callable | None = None  # Liger's function of (x, w), where Liger has the op
+    _compiled: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def providers(self) -> list[str]:
+        return (["fusednorm", ZERO_CENTERED, "torch", "torch.compile"]
+                + (["liger"] if self.liger else []) + [floors.FRESH_COPY])
+
+    def functions(self, variant: Variant) -> dict[str, Callable]:
+        """The providers of the variant's cases, each (x, r, w, rowscale) -> the op's
+        differentiable outputs: the plain cases have every provider, the others those that
+        compute the variant (fusednorm, eager, compiled, the floor)."""
+        if self.residual:
+            eager = variant.eager(self.norm)
+        else:
+            def eager(x, r, w, rowscale):
+                return self.norm(x, w)
+        if variant.name not in self._compiled:
+            # Specialised to each case's shape (dynamic=False): the strongest baseline; the
+            # runner resets dynamo between cases.
+            self._compiled[variant.name] = torch.compile(eager, dynamic=False)
+        functions = {
+            "fusednorm": lambda x, r, w, rowscale: self.fused(
+                x, r, w, **variant.fused_kwargs(rowscale)),
+            "torch": eager, "torch.compile": self._compiled[variant.name],
+            floors.FRESH_COPY: lambda x, r, w, rowscale: floors.fresh_copy(
+                x, r, variant.separate_input_grad),
+        }
+        if variant is PLAIN:
+            functions[ZERO_CENTERED] = lambda x, r, w, rowscale: self.fused(
+                x, r, w - 1, zero_centered_weight=True)
+            if self.liger:
+                functions["liger"] = lambda x, r, w, rowscale: self.liger(x, w)
+        return functions
+
+    def pass_bytes(self, M: int, N: int, dtype: torch.dtype,
+                   variant: Variant = PLAIN) -> dict[str, int]:
+        """The bytes each pass moves. fwd reads x (and r), w (and rowscale); writes y (and s)
+        and the statistics (rstd; LayerNorm: mean too). bwd reads x (or s), dy (and ds), the
+        statistics, w; writes dx (and dr; one gradient for both: the same values, counted
+        once) and dw. r, s, ds and dr have the sum's dtype (fp32-residual: 4 bytes beside a
+        16-bit x). A variant whose backward forms dx in a pass of its own, as fusednorm's
+        does (the float32 dr rounded to x's dtype; dropout's multipliers applied to dr by
+        dropout_scale, the mask regenerated, not read), adds that pass: dr read again (and
+        rowscale), dx written. Dropout's forward moves nothing more: the mask is not stored."""
+        size = torch.finfo(dtype).bits // 8
+        wide = torch.finfo(variant.sum_dtype(dtype)).bits // 8
+        stat = 8 if dtype == torch.float64 else 4
+        stats = M * stat * (2 if self.centered else 1)
+        rows = M * N
+        if not self.residual:
+            fwd = 2 * size * rows + N * size + stats
+            bwd = 3 * size * rows + stats + 2 * N * size
+        else:
+            rowscale = M * stat if variant.rowscale else 0
+            fwd = (2 * size + 2 * wide) * rows + N * size + stats + rowscale
+            bwd = (size + 3 * wide) * rows + stats + 2 * N * size
+            if variant.separate_input_grad:
+                bwd += (wide + size) * rows + rowscale
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
+
+    def parser(self) -> argparse.ArgumentParser:
+        p = cli.suite_parser(f"suite {self.SUITE}: " + __doc__.splitlines()[0],
+                             self.providers)
+        if self.residual:
+            p.add_argument("--variants", type=_variants, default=None,
+                           help=f"comma list among {', '.join(VARIANTS)} (default: all; "
+                                f"CPU or quick: {', '.join(FEW_VARIANTS)}; "
+                                "benchmarks/norm_variants.py)")
+            p.add_argument("--all-variant-cases", action="store_true",
+                           help="time the variants other than plain at every case of the "
+                                "run, not only at the default run's few (bf16; CPU: the first "
+                                f"shape; GPU: N in {VARIANT_GPU_NS})")
+        return p
+
+    def run(self, args: argparse.Namespace):
+        return run(self, args)
+
+
+def _variants(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"variants must be among {list(VARIANTS)}; got {text!r}")
+    return names
+
+
+def _layer_norm(s, w):
+    return F.layer_norm(s, s.shape[-1:], w, None, EPS)
+
+
+def _rms_norm(s, w):
+    return F.rms_norm(s, s.shape[-1:], w, EPS)
+
+
+def _liger_rms(x, w):
     return availability.liger_rms_norm().apply(x, w, EPS)
 
 
-# torch.compile specialised to each case's shape (dynamic=False): the strongest baseline;
-# the runner resets dynamo between cases.
-RMS_NORM = NormSuite("rms_norm", {
-    "fusednorm": lambda x, r, w: fusednorm.rms_norm(x, x.shape[-1:], w, EPS),
-    ZERO_CENTERED: lambda x, r, w: fusednorm.rms_norm(x, x.shape[-1:], w - 1, EPS,
-                                                      zero_centered_weight=True),
-    "torch": _rms, "torch.compile": torch.compile(_rms, dynamic=False), "liger": _liger_rms,
-    floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x),
-}, residual=False, outputs=["y"])
-ADD_RMS_NORM = NormSuite("add_rms_norm", {
-    "fusednorm": lambda x, r, w: fusednorm.add_rms_norm(x, r, x.shape[-1:], w, EPS),
-    ZERO_CENTERED: lambda x, r, w: fusednorm.add_rms_norm(x, r, x.shape[-1:], w - 1, EPS,
-                                                          zero_centered_weight=True),
-    "torch": _add_rms, "torch.compile": torch.compile(_add_rms, dynamic=False),
-    floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x, r),
-}, residual=True, outputs=["y", "s"])
-ADD_LAYER_NORM = NormSuite("add_layer_norm", {
-    "fusednorm": lambda x, r, w: fusednorm.add_layer_norm(x, r, x.shape[-1:], w, None, EPS),
-    ZERO_CENTERED: lambda x, r, w: fusednorm.add_layer_norm(
-        x, r, x.shape[-1:], w - 1, None, EPS, zero_centered_weight=True),
-    "torch": _add_layer_norm, "torch.compile": torch.compile(_add_layer_norm, dynamic=False),
-    floors.FRESH_COPY: lambda x, r, w: floors.fresh_copy(x, r),
-}, residual=True, outputs=["y", "s"])
+RMS_NORM = NormSuite(
+    "rms_norm", _rms_norm,
+    lambda x, r, w, **options: fusednorm.rms_norm(x, x.shape[-1:], w, EPS, **options),
+    residual=False, centered=False, outputs=["y"], liger=_liger_rms)
+ADD_RMS_NORM = NormSuite(
+    "add_rms_norm", _rms_norm,
+    lambda x, r, w, **options: fusednorm.add_rms_norm(x, r, x.shape[-1:], w, EPS, **options),
+    residual=True, centered=False, outputs=["y", "s"])
+ADD_LAYER_NORM = NormSuite(
+    "add_layer_norm", _layer_norm,
+    lambda x, r, w, **options: fusednorm.add_layer_norm(x, r, x.shape[-1:], w, None, EPS,
+                                                        **options),
+    residual=True, centered=True, outputs=["y", "s"])
 SUITES = {s.SUITE: s for s in (RMS_NORM, ADD_LAYER_NORM, ADD_RMS_NORM)}
 
 
@@ -119,85 +187,207 @@ def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int]]:
     return [(math.ceil(GPU_ELEMENTS / n), n) for n in ns]
 
 
-def case_builder(suite: NormSuite, M: int, N: int, dtype, device, names):
+def default_dtypes(device: torch.device, quick: bool) -> list[torch.dtype]:
+    if device.type == "cpu":
+        return CPU_DTYPES
+    return GPU_DTYPES[:1] if quick else GPU_DTYPES
+
+
+def variant_shapes(device: torch.device, quick: bool) -> list[tuple[int, int]]:
+    """Where a default run times the variants other than plain."""
+    if device.type == "cpu":
+        return VARIANT_CPU_SHAPES
+    return [(math.ceil(GPU_ELEMENTS / n), n) for n in VARIANT_GPU_NS[:1 if quick else None]]
+
+
+def cases(suite: NormSuite, args: argparse.Namespace, device: torch.device,
+          notes: list[str]) -> list[tuple[torch.dtype, int, int, Variant]]:
+    """(dtype, M, N, variant) of the run: plain at every dtype and shape (--dtypes,
+    --shapes, else the device's defaults); each other variant of --variants at the dtypes
+    that --dtypes names, and the shapes that --shapes names, else at the run's defaults with
+    --all-variant-cases, else at the default run's few (VARIANT_*)."""
+    shapes = [s[:2] for s in args.shapes] if args.shapes else default_shapes(device, args.quick)
+    dtypes = args.dtypes or default_dtypes(device, args.quick)
+    every = getattr(args, "all_variant_cases", False)
+    variant_grid = (args.dtypes or (dtypes if every else VARIANT_DTYPES),
+                    shapes if args.shapes or every else variant_shapes(device, args.quick))
+    if not suite.residual:
+        names = [PLAIN.name]
+    else:
+        few = args.quick or device.type == "cpu"
+        names = args.variants or (FEW_VARIANTS if few else list(VARIANTS))
+    selected = [VARIANTS[n] for n in names]
+    found = []
+    for variant in selected:
+        grid_dtypes, grid_shapes = (dtypes, shapes) if variant is PLAIN else variant_grid
+        left_out = [d for d in grid_dtypes if not variant.applies_to(d)]
+        if left_out:
+            notes.append(f"variant {variant.name} not timed at "
+                         + ", ".join(str(d).removeprefix("torch.") for d in left_out)
+                         + ": it is another computation only beside a 16-bit input")
+        found += [(d, M, N, variant) for d in grid_dtypes if variant.applies_to(d)
+                  for M, N in grid_shapes]
+    return found
+
+
+def _probe(suite: NormSuite, variant: Variant, dtype: torch.dtype, device: torch.device):
+    """A tiny forward and backward of fusednorm with the variant's options."""
+    x = torch.randn(4, 16, device=device, dtype=dtype, requires_grad=True)
+    r = torch.randn(4, 16, device=device, dtype=variant.sum_dtype(dtype), requires_grad=True)
+    w = torch.rand(16, device=device, dtype=dtype, requires_grad=True)
+    rowscale = norm_variants.rowscale_for(variant, 4, dtype, device)
+    outputs = suite.fused(x, r, w, **variant.fused_kwargs(rowscale))
+    outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
+    torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+
+
+def providers_of(suite: NormSuite, variant: Variant, dtype: torch.dtype, names: list[str],
+                 device: torch.device, notes: list[str], probed: dict) -> list[str]:
+    """The providers among names that time the variant's cases at dtype: those that compute
+    it (NormSuite.functions) and, for fusednorm, a build that accepts its options (an older
+    one is reported as such in notes, once, not crashed on)."""
+    usable = [n for n in names if n in suite.functions(variant)]
+    if variant is PLAIN or "fusednorm" not in usable:
+        return usable
+    key = (variant.name, dtype)
+    if key not in probed:
+        probed[key] = availability.call_skip_reason(
+            lambda: _probe(suite, variant, dtype, device),
+            f"fusednorm.{suite.SUITE}(..., {variant.options}) at "
+            f"{str(dtype).removeprefix('torch.')}")
+        if probed[key]:
+            notes.append(f"fusednorm not benchmarked on variant {variant.name}: {probed[key]}")
+    return [n for n in usable if n != "fusednorm" or not probed[key]]
+
+
+def case_builder(suite: NormSuite, variant: Variant, M: int, N: int, dtype, device, names):
     def build() -> runner.Case:
         torch.manual_seed(0)
-        size = torch.finfo(dtype).bits // 8
-        streams = 3 if suite.residual else 2
-        sets = harness.input_sets_needed(streams * M * N * size, device)
+        wide = variant.sum_dtype(dtype)
+        size, wide_size = torch.finfo(dtype).bits // 8, torch.finfo(wide).bits // 8
+        streams = 2 * size + wide_size if suite.residual else 2 * size  # x, dy (and ds)
+        sets = harness.input_sets_needed(streams * M * N, device)
 
-        def rand(*shape, scale=1.0, shift=0.0):
+        def rand(*shape, scale=1.0, shift=0.0, dtype=dtype):
             return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
 
-        residual = rand(M, N, scale=2.0).requires_grad_() if suite.residual else None
+        residual = rand(M, N, scale=2.0, dtype=wide).requires_grad_() if suite.residual else None
         weight = rand(N, scale=0.5, shift=1.0).requires_grad_()
+        rowscale = norm_variants.rowscale_for(variant, M, dtype, device)
         params = [weight] + ([residual] if suite.residual else [])
-        outputs = len(suite.outputs)
 
-        def dys():
-            return tuple(rand(M, N) for _ in range(outputs)) if outputs > 1 else rand(M, N)
+        def dys():  # the gradient of each output, in that output's dtype
+            return (rand(M, N), rand(M, N, dtype=wide)) if suite.residual else rand(M, N)
 
         inputs = [(rand(M, N, scale=2.0, shift=0.5).requires_grad_(), dys()) for _ in range(sets)]
 
-        def reference() -> list[torch.Tensor]:
+        def reference(outputs=None) -> list[torch.Tensor]:
+            """float64 outputs and gradients; with dropout, those of the mask that the
+            provider's outputs show it drew (its dx is zero exactly where it dropped)."""
             x, dy = inputs[0]
             leaves = [t.detach().double().requires_grad_() for t in (x, *params)]
-            r = leaves[2] if suite.residual else None
-            y = suite.functions["torch"](leaves[0], r, leaves[1])
-            ys = list(y) if isinstance(y, tuple) else [y]
+            if suite.residual:
+                h = leaves[0]
+                if variant.random:
+                    kept = norm_variants.kept_mask(outputs[len(suite.outputs)], variant.dropout_p)
+                    h = h * kept / (1 - variant.dropout_p)
+                if rowscale is not None:
+                    h = h * rowscale.double()[:, None]
+                s = h + leaves[2]
+                ys = [suite.norm(s, leaves[1]), s]
+            else:
+                ys = [suite.norm(leaves[0], leaves[1])]
             dys_ = [d.double() for d in (dy if isinstance(dy, tuple) else (dy,))]
             return [t.detach() for t in ys] + list(torch.autograd.grad(ys, leaves, dys_))
 
+        functions = suite.functions(variant)
+
         def provider(name):
-            fn = suite.functions[name]
+            fn = functions[name]
+
+            def forward(x):
+                return fn(x, residual, weight, rowscale)
             if name == floors.FRESH_COPY:  # the floor: differentiable in x only, not checked
-                return runner.Provider(name, lambda x: fn(x, residual, weight), [], check=False)
-            return runner.Provider(name, lambda x: fn(x, residual, weight), params)
+                return runner.Provider(name, forward, [], check=False)
+            return runner.Provider(name, forward, params)
 
         grads = ["dx", "dweight"] + (["dresidual"] if suite.residual else [])
-        return runner.Case(dtype=dtype, fields={"M": M, "N": N}, inputs=inputs,
+        fields = {"M": M, "N": N} | ({"variant": variant.name} if suite.residual else {})
+        return runner.Case(dtype=dtype, fields=fields, inputs=inputs,
                            providers=[provider(n) for n in names], reference=reference,
+                           reference_per_provider=variant.random,
                            output_names=suite.outputs + grads,
-                           bytes=suite.minimal_bytes(M, N, dtype))
+                           bytes=suite.pass_bytes(M, N, dtype, variant))
 
     return build
 
 
 def usable_providers(suite: NormSuite, wanted, device, notes: list[str]) -> list[str]:
-    return availability.usable_providers(wanted, suite.functions, device, notes,
+    return availability.usable_providers(wanted, suite.providers, device, notes,
                                          backend_op="norm_fwd", api=suite.SUITE,
                                          liger=availability.liger_rms_norm)
+
+
+def bytes_notes(suite: NormSuite, variants: list[Variant]) -> list[str]:
+    """What the GB/s of the suite's rows count, and what each variant computes."""
+    r = suite.residual
+    stats = "mean, rstd" if suite.centered else "rstd"
+    notes = [
+        "GB/s counts the bytes each pass moves (fwd: x" + (", r" if r else "") + ", w, y"
+        + (", s" if r else "") + f", {stats}; bwd: " + ("s" if r else "x") + ", dy"
+        + (", ds" if r else "") + f", {stats}, w, dx" + (" (= dr, counted once)" if r else "")
+        + ", dw); % copy is that over the copy bandwidth of the same run; × torch is eager's "
+        "time over the provider's. Every provider was checked against a float64 reference "
+        "before it was timed."]
+    others = [v for v in variants if v is not PLAIN]
+    if r:
+        notes.append("variant: " + "; ".join(f"`{v.name}`: {v.description}" for v in variants)
+                     + ". n/a: a provider not timed at that case (fusednorm zero-centered: "
+                     "plain only; one skipped at a case is named in these notes).")
+    if others:
+        notes.append(
+            "Variants' bytes: r, s, ds and dr in the sum's dtype (fp32-residual: 4 bytes); "
+            "fusednorm's backward forms dx from dr in a pass of its own (the rounding of a "
+            "float32 dr to x's dtype; dropout's multipliers, its mask regenerated from the "
+            "forward's seed, not stored), and bwd counts that pass: dr read again and dx "
+            "written (and rowscale, [M], read in fwd and bwd). Dropout's forward moves no more "
+            "bytes than plain's. Dropout providers are checked against the float64 result of "
+            "the mask each drew (its dx is zero where it dropped; it must keep 1 - p of the "
+            "elements).")
+    return notes
+
+
+def draw(result: dict, path: Path, notes) -> None:
+    """bench_layer_norm's plot, a row of panels per dtype and variant (plain: the dtype)."""
+    rows = [dict(r, dtype=r["dtype"] if r.get("variant", PLAIN.name) == PLAIN.name
+                 else f"{r['dtype']} {r['variant']}") for r in result["rows"]]
+    bench_layer_norm.draw(dict(result, rows=rows), path, notes)
 
 
 def run(suite: NormSuite, args: argparse.Namespace):
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device, args.cpu_memory)
-    shapes = args.shapes or default_shapes(device, args.quick)
-    dtypes = args.dtypes or (CPU_DTYPES if device.type == "cpu"
-                             else GPU_DTYPES[:1] if args.quick else GPU_DTYPES)
     notes: list[str] = []
     names = usable_providers(suite, args.providers, device, notes)
+    run_cases = cases(suite, args, device, notes)
+    probed: dict = {}
+    builders = [case_builder(suite, variant, M, N, dtype, device,
+                             providers_of(suite, variant, dtype, names, device, notes, probed))
+                for dtype, M, N, variant in run_cases]
     for note in notes:
         print(f"[{suite.SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(suite.SUITE, device, args.passes, cli.budget_s(args, device),
                                stop_at=cli.stop_at(args),
                                floor_provider=floors.FRESH_COPY, floor_key=floors.FLOOR_KEY,
                                notes=notes)
-    builders = [case_builder(suite, M, N, dtype, device, names)
-                for dtype in dtypes for M, N, *_ in shapes]
     result = runner.run(settings, builders, providers_per_case=len(names))
-    notes.append(
-        "GB/s counts the minimal bytes of the pass (fwd: x" + (", r" if suite.residual else "")
-        + ", w, y" + (", s" if suite.residual else "") + ", rstd; bwd: x, dy"
-        + (", ds" if suite.residual else "") + ", rstd, w, dx, dw); % copy is that over the "
-        "copy bandwidth of the same run; × torch is eager's time over the provider's. Every "
-        "provider was checked against a float64 reference before it was timed.")
+    notes += bytes_notes(suite, list(dict.fromkeys(v for *_, v in run_cases)))
     notes.append(floors.NOTE)
-    md = report.markdown(result, ["dtype", "M", "N"],
+    keys = ["dtype", "M", "N"] + (["variant"] if suite.residual else [])
+    md = report.markdown(result, keys,
                          [report.MS, report.GBPS, report.FRESH_COPY,
                           report.SPEEDUP.without(floors.FRESH_COPY)], notes)
-    # The same GB/s-against-copy plot as the layer_norm suite's.
-    folder = report.write(result, out, md, lambda path: bench_layer_norm.draw(result, path, notes))
+    folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
 
 

@@ -30,6 +30,7 @@ README_FOLDERS = ("nvidia-h200", "amd-epyc")
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
 OURS, COMPILED, LIGER = "fusednorm", "torch.compile", "liger"
+PLAIN = "plain"  # the add_* suites' rows carry a "variant" (benchmarks/norm_variants.py)
 DTYPE_SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 
 METHOD = """\
@@ -61,6 +62,10 @@ METHOD = """\
 - **% of fresh-copy** (norm suites, in the full tables): the time of an op that only reads
   and writes the pass's rows into newly allocated outputs, over the provider's: the floor
   of any op that returns new tensors (`benchmarks/floors.py`).
+- **Variants** (`add_layer_norm`, `add_rms_norm`): rows of the sum's variants beside the
+  plain `s = x + r` (a float32 residual stream beside 16-bit input, dropout, dropout with a
+  row scale; column "variant"), at a few cases. The summaries quote the plain cases; each
+  other variant has a summary row of its own.
 - **% of GEMM** (`gelu_ffn`): the time of the same two GEMMs alone (no bias, no GELU) over
   the provider's: 100% is the cost of the matrix products themselves.
 - **Host time per call** (`overhead`): tiny tensors (4×64), fusednorm and the PyTorch code
@@ -109,12 +114,31 @@ def _cases(result: dict, keys: tuple[str, ...]) -> dict[tuple, dict[str, dict]]:
     """{(pass, *case keys): {provider: row}} in file order."""
     cases: dict[tuple, dict[str, dict]] = {}
     for row in result["rows"]:
-        cases.setdefault((row["pass"],) + tuple(row[k] for k in keys), {})[row["provider"]] = row
+        cases.setdefault((row["pass"],) + tuple(row.get(k, PLAIN) for k in keys),
+                         {})[row["provider"]] = row
     return cases
 
 
 def _case_keys(result: dict) -> tuple[str, ...]:
-    return ("dtype", "M", "N", "hidden") if result["suite"] == "gelu_ffn" else ("dtype", "M", "N")
+    if result["suite"] == "gelu_ffn":
+        return ("dtype", "M", "N", "hidden")
+    variant = any("variant" in row for row in result["rows"])
+    return ("dtype", "M", "N") + (("variant",) if variant else ())
+
+
+def by_variant(result: dict) -> dict[str, dict]:
+    """{variant: the result with that variant's rows only}, plain first (a file without
+    variants: {"plain": result})."""
+    variants = sorted(dict.fromkeys(r.get("variant", PLAIN) for r in result["rows"]),
+                      key=lambda v: v != PLAIN)
+    return {v: dict(result, rows=[r for r in result["rows"] if r.get("variant", PLAIN) == v])
+            for v in variants}
+
+
+def _plain(result: dict) -> dict:
+    """The result's plain rows: the cases the summaries quote (variants get rows of their
+    own in the summary table and the suite's table)."""
+    return by_variant(result).get(PLAIN, dict(result, rows=[]))
 
 
 def speedups(result: dict, baseline: str = report.BASELINE) -> dict[str, list[float]]:
@@ -166,17 +190,20 @@ def _busy(result: dict) -> bool:
 
 
 def summary_table(suites: dict[str, dict]) -> list[str]:
-    """Markdown lines: one row per timed suite, fusednorm's speed-up over PyTorch eager per
-    pass (median and range over the suite's cases)."""
+    """Markdown lines: one row per timed suite (and per variant of its rows other than
+    plain), fusednorm's speed-up over PyTorch eager per pass (median and range over the
+    cases)."""
     lines = ["| suite | cases | forward | backward | forward+backward |",
              "|---|---|--:|--:|--:|"]
     for suite in TIMED_SUITES:
         if suite not in suites:
             continue
-        result = suites[suite]
-        per_pass = speedups(result)
-        cells = [_span(per_pass.get(p, [])) for p in report.PASSES]
-        lines.append(f"| `{suite}` | {_dtypes(result)}; {_shapes(result)} | " + " | ".join(cells) + " |")
+        for variant, result in by_variant(suites[suite]).items():
+            per_pass = speedups(result)
+            cells = [_span(per_pass.get(p, [])) for p in report.PASSES]
+            name = f"`{suite}`" + ("" if variant == PLAIN else f" {variant}")
+            lines.append(f"| {name} | {_dtypes(result)}; {_shapes(result)} | "
+                         + " | ".join(cells) + " |")
     return lines
 
 
@@ -184,13 +211,13 @@ def peers_table(suites: dict[str, dict]) -> list[str]:
     """Markdown lines: per timed suite, fusednorm against the peers timed beside it
     (torch.compile; Liger where the suite has it: peer ms / fusednorm ms) and against the
     floor measured in the same run (% of copy; gelu_ffn: % of the GEMM-only time), median
-    (range) over the suite's cases, per pass."""
+    (range) over the suite's plain cases, per pass."""
     lines = ["| suite | against | forward | backward | forward+backward |",
              "|---|---|--:|--:|--:|"]
     for suite in TIMED_SUITES:
         if suite not in suites:
             continue
-        result = suites[suite]
+        result = _plain(suites[suite])
         for peer in (COMPILED, LIGER):
             per_pass = speedups(result, baseline=peer)
             if per_pass:
@@ -269,8 +296,7 @@ def _suite_table(result: dict) -> list[str]:
     passes = list(dict.fromkeys(k[0] for k in cases))
     peers = [COMPILED] + ([LIGER] if any(r["provider"] == LIGER for r in result["rows"]) else [])
     peer_names = " / ".join(f"× {'compile' if p == COMPILED else p}" for p in peers)
-    header = ["dtype", "M", "N"] + (["hidden"] if ffn else [])
-    header += [f"{p}: × torch / {peer_names} / {floor_name}" for p in passes]
+    header = list(keys) + [f"{p}: × torch / {peer_names} / {floor_name}" for p in passes]
     if ffn:
         header.append("saved MiB (torch)")
     lines = ["| " + " | ".join(header) + " |",
@@ -387,7 +413,7 @@ def draw(suites: dict[str, dict], path: Path) -> None:
     for j, pass_name in enumerate(report.PASSES):
         ys, med, lo, hi = [], [], [], []
         for i, suite in enumerate(names):
-            values = speedups(suites[suite]).get(pass_name)
+            values = speedups(_plain(suites[suite])).get(pass_name)
             if values:
                 m = statistics.median(values)
                 ys.append(i + (j - 1) * height)

@@ -16,32 +16,44 @@ FLOOR_KEY = "pct_of_fresh_copy"
 
 class _FreshCopy(torch.autograd.Function):
     """fwd: reads x (and the residual r), writes fresh copies (the outputs y, and s).
-    bwd: reads x and the output gradients, writes a fresh dx: dy + x (+ ds * x with a
-    residual: one addcmul reads all three)."""
+    bwd: reads what a norm's backward reads, x (with a residual: s, in its dtype) and the
+    output gradients, and writes a fresh dx: dy + x (with a residual: ds + dy * s, one
+    addcmul reading all three, in s's dtype; separate_dx: then copied into a new dx of x's
+    dtype, as a backward that forms dx in a pass of its own)."""
 
     @staticmethod
-    def forward(ctx, x, residual):
-        ctx.save_for_backward(x)
-        return x.clone() if residual is None else (x.clone(), residual.clone())
+    def forward(ctx, x, residual, separate_dx):
+        if residual is None:
+            ctx.save_for_backward(x)
+            return x.clone()
+        y, s = x.clone(), residual.clone()
+        ctx.save_for_backward(s)  # what a norm's backward reads: the sum, in its dtype
+        ctx.separate_dx = separate_dx
+        return y, s
 
     @staticmethod
     def backward(ctx, *grads):
-        (x,) = ctx.saved_tensors
+        (saved,) = ctx.saved_tensors
         if len(grads) == 1:
-            return torch.add(grads[0], x), None
+            return torch.add(grads[0], saved), None, None
         dy, ds = grads
-        return torch.addcmul(ds, dy, x), None
+        dr = torch.addcmul(ds, dy, saved)
+        if not ctx.separate_dx:
+            return dr, None, None
+        return torch.empty_like(dy).copy_(dr), None, None
 
 
-def fresh_copy(x: torch.Tensor, residual: torch.Tensor | None = None):
+def fresh_copy(x: torch.Tensor, residual: torch.Tensor | None = None, separate_dx: bool = False):
     """The floor of a norm on rows of x (with a residual: of an add-norm); differentiable
-    in x only."""
-    return _FreshCopy.apply(x, residual)
+    in x only. separate_dx: the backward writes the residual's gradient, then reads it
+    again into dx (see norm_variants.Variant.separate_input_grad)."""
+    return _FreshCopy.apply(x, residual, separate_dx)
 
 
 NOTE = (f"{FRESH_COPY}: the floor of an out-of-place op, timed like the providers: it reads "
         "and writes the pass's rows and nothing else, into freshly allocated outputs (fwd: "
-        "a clone of x (and r); bwd: dy + x, or ds + dy * x with a residual). % of fresh-copy "
+        "a clone of x (and r); bwd: dy + x, or ds + dy * s with a residual, then a copy of that "
+        "into dx where the variant forms dx in a pass of its own). % of fresh-copy "
         "is its time over the provider's. Unlike the copy bandwidth (into a preallocated "
         "tensor), it pays what every provider pays for new outputs (under --cpu-memory fresh: "
         "the first-touch zeroing of fresh pages).")

@@ -12,9 +12,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm
+from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family
 
-DRAW = {bench_layer_norm.SUITE: bench_layer_norm.draw, bench_gelu_ffn.SUITE: bench_gelu_ffn.draw}
+DRAW = {bench_layer_norm.SUITE: bench_layer_norm.draw, bench_gelu_ffn.SUITE: bench_gelu_ffn.draw,
+        **{suite: bench_norm_family.draw for suite in bench_norm_family.SUITES}}
 
 
 def notes_of(markdown: str) -> list[str]:

@@ -276,20 +276,147 @@ def test_norm_family_results_format(tmp_path, suite):
     from benchmarks import bench_norm_family
 
     module = bench_norm_family.SUITES[suite]
+    variants = ["--variants", "plain"] if module.residual else []
     result, md, folder = _run(module, tmp_path, "--shapes", "16x24", "--dtypes", "fp32",
                               "--providers", "fusednorm,fusednorm zero-centered,torch,fresh-copy",
-                              "--passes", "fwd,fwd+bwd")
+                              "--passes", "fwd,fwd+bwd", *variants)
     assert list(result) == TOP_KEYS and result["suite"] == suite
     assert len(result["rows"]) == 2 * 4  # passes x providers: all ran (the floor unchecked)
     for row in result["rows"]:
-        assert sorted(row) == sorted(NORM_ROW_KEYS)
+        assert sorted(row) == sorted(NORM_ROW_KEYS + (["variant"] if module.residual else []))
+        assert row.get("variant", "plain") == "plain"
     _check_files(result, folder, suite)
+
+
+def _accepts_dropout() -> bool:
+    import inspect
+
+    return "dropout_p" in inspect.signature(fusednorm.add_layer_norm).parameters
+
+
+def test_norm_family_variants_rows(tmp_path):
+    """The add_* suites' variants: a row per variant and provider that computes it, n/a in
+    the tables for the others (zero-centered), the bytes of norm_variants' rule, dropout
+    providers checked against the mask they drew; a fusednorm without dropout_p is named
+    as not benchmarked, never crashed on or timed. (add_rms_norm differs in its norm only;
+    its bytes are checked below.)"""
+    from benchmarks import bench_norm_family
+
+    suite = "add_layer_norm"
+    module = bench_norm_family.SUITES[suite]
+    result, md, folder = _run(module, tmp_path, "--shapes", "32x40", "--dtypes", "bf16",
+                              "--providers", "fusednorm,fusednorm zero-centered,torch,fresh-copy",
+                              "--passes", "fwd,bwd",
+                              "--variants", "plain,fp32-residual,dropout-rowscale")
+    rows = {(r["pass"], r["variant"], r["provider"]): r for r in result["rows"]}
+    dropout_fused = _accepts_dropout()
+    for pass_name in ("fwd", "bwd"):
+        assert {p for (s, v, p) in rows if (s, v) == (pass_name, "plain")} == {
+            "fusednorm", "fusednorm zero-centered", "torch", "fresh-copy"}
+        assert {p for (s, v, p) in rows if (s, v) == (pass_name, "fp32-residual")} == {
+            "fusednorm", "torch", "fresh-copy"}
+        assert {p for (s, v, p) in rows if (s, v) == (pass_name, "dropout-rowscale")} == (
+            {"fusednorm", "torch", "fresh-copy"} if dropout_fused else {"torch", "fresh-copy"})
+    for (pass_name, variant, _), row in rows.items():
+        expected = module.pass_bytes(32, 40, torch.bfloat16,
+                                     bench_norm_family.VARIANTS[variant])[pass_name]
+        assert row["gbps"] == pytest.approx(expected / (row["ms"] * 1e-3) / 1e9, rel=1e-2)
+    assert not any("SKIPPED" in line for line in md.splitlines())  # every check passed
+    fp32_line = next(line for line in md.splitlines()
+                     if line.startswith("| bfloat16 | 32 | 40 | fp32-residual |"))
+    assert "n/a" in fp32_line  # zero-centered: plain only
+    skipped = "fusednorm not benchmarked on variant dropout-rowscale"
+    assert (skipped in md) == (not dropout_fused)
+    _check_files(result, folder, suite)
+
+
+def test_variant_bytes_count_the_float32_stream_and_the_separate_dx_pass():
+    """bf16 x of 3 x 5 (15 elements), LayerNorm (mean and rstd: 8 bytes a row)."""
+    from benchmarks import bench_norm_family
+    from benchmarks.norm_variants import DROPOUT, DROPOUT_ROWSCALE, FP32_RESIDUAL, PLAIN
+
+    suite = bench_norm_family.ADD_LAYER_NORM
+    bf16, stats, w = torch.bfloat16, 3 * 8, 5 * 2
+    # fwd: x 2 + r 2 + y 2 + s 2 bytes per element; bwd: s, dy, ds, dx (= dr) 2 each.
+    assert suite.pass_bytes(3, 5, bf16, PLAIN) == {
+        "fwd": 8 * 15 + w + stats, "bwd": 8 * 15 + stats + 2 * w, "fwd+bwd": 16 * 15 + 3 * w + 2 * stats}
+    # fp32 r and s: fwd x 2 + r 4 + y 2 + s 4; bwd s 4 + dy 2 + ds 4 + dr 4, then dr 4 read
+    # again and dx 2 written.
+    assert suite.pass_bytes(3, 5, bf16, FP32_RESIDUAL)["fwd"] == 12 * 15 + w + stats
+    assert suite.pass_bytes(3, 5, bf16, FP32_RESIDUAL)["bwd"] == 20 * 15 + stats + 2 * w
+    # dropout: no more forward bytes; bwd: dr read again and dx written (2 + 2).
+    assert suite.pass_bytes(3, 5, bf16, DROPOUT)["fwd"] == 8 * 15 + w + stats
+    assert suite.pass_bytes(3, 5, bf16, DROPOUT)["bwd"] == 12 * 15 + stats + 2 * w
+    # rowscale: [3] float32 read in each pass.
+    assert suite.pass_bytes(3, 5, bf16, DROPOUT_ROWSCALE)["fwd"] == 8 * 15 + w + stats + 12
+    assert suite.pass_bytes(3, 5, bf16, DROPOUT_ROWSCALE)["bwd"] == 12 * 15 + stats + 2 * w + 12
+    # RMSNorm: rstd alone; float32 input: fp32-residual is plain (not timed there).
+    rms = bench_norm_family.ADD_RMS_NORM
+    assert rms.pass_bytes(3, 5, bf16)["fwd"] == 8 * 15 + w + 3 * 4
+    assert not FP32_RESIDUAL.applies_to(torch.float32) and FP32_RESIDUAL.applies_to(bf16)
+
+
+def test_default_variant_cases_are_few():
+    """Plain at every default case; the other variants at bf16 only, on the CPU at one shape
+    (and not plain dropout) and on the GPU at VARIANT_GPU_NS (quick: fewer), every case with
+    --all-variant-cases; none in rms_norm."""
+    from benchmarks import bench_norm_family as family
+
+    def variant_cases(suite, device, *argv):
+        args = family.SUITES[suite].parser().parse_args(["--device", device, *argv])
+        found = family.cases(family.SUITES[suite], args, torch.device(device), [])
+        return [(d, M, N, v.name) for d, M, N, v in found if v.name != "plain"], found
+
+    others, found = variant_cases("add_rms_norm", "cpu")
+    assert {(d, M, N) for d, M, N, v in found if v.name == "plain"} == {
+        (d, M, N) for d in family.CPU_DTYPES for M, N in family.CPU_SHAPES}
+    assert sorted(v for *_, v in others) == ["dropout-rowscale", "fp32-residual"]
+    assert {(d, M, N) for d, M, N, _ in others} == {(torch.bfloat16, 4096, 1024)}
+    others, _ = variant_cases("add_layer_norm", "cpu", "--variants", "dropout")
+    assert [v for *_, v in others] == ["dropout"]
+    others, _ = variant_cases("add_layer_norm", "cuda", "--quick")
+    assert sorted(v for *_, v in others) == ["dropout-rowscale", "fp32-residual"]
+    assert {N for _, _, N, _ in others} == set(family.VARIANT_GPU_NS[:1])
+    others, _ = variant_cases("add_layer_norm", "cuda")
+    assert sorted(set(v for *_, v in others)) == ["dropout", "dropout-rowscale", "fp32-residual"]
+    assert {(d, N) for d, M, N, _ in others} == {(torch.bfloat16, n) for n in family.VARIANT_GPU_NS}
+    others, _ = variant_cases("add_layer_norm", "cuda", "--all-variant-cases")
+    assert len({N for *_, N, _ in others}) == len(family.GPU_NS)
+    assert {d for d, *_ in others} == set(family.GPU_DTYPES)  # fp32-residual: 16-bit only
+    assert not [c for c in others if c[3] == "fp32-residual" and c[0] == torch.float32]
+    assert variant_cases("rms_norm", "cuda")[0] == []
+
+
+def test_dropout_reference_reads_the_mask_and_refuses_no_dropout():
+    """A random provider is checked against the reference of the mask it drew (from its
+    dx); one that keeps every element is refused before it is timed."""
+    from benchmarks.norm_variants import kept_mask
+
+    x = torch.randn(64, 64, requires_grad=True)
+    dy = torch.randn(64, 64)
+
+    def reference(outputs):
+        kept = kept_mask(outputs[1], 0.5)
+        x64 = x.detach().double().requires_grad_()
+        y = x64 * kept / 0.5
+        return [y.detach(), *torch.autograd.grad(y, [x64], dy.double())]
+
+    case = runner.Case(
+        dtype=torch.float32, fields={"M": 64, "N": 64}, inputs=[(x, dy)],
+        providers=[runner.Provider("torch", lambda t: torch.nn.functional.dropout(t, 0.5), []),
+                   runner.Provider("no-dropout", lambda t: t * 2, [])],
+        reference=reference, reference_per_provider=True, output_names=["y", "dx"],
+        bytes={"fwd": 1, "bwd": 1, "fwd+bwd": 1})
+    settings = runner.Settings("test", torch.device("cpu"), ["fwd"], budget_s=0.01)
+    result = runner.run(settings, [lambda: case], providers_per_case=2)
+    assert [r["provider"] for r in result["rows"]] == ["torch"]
+    assert any("SKIPPED no-dropout" in n and "dropout kept 1.0000" in n for n in settings.notes)
 
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_fresh_copy_floor_moves_the_rows_of_a_norm(residual):
     """The floor reads x (and r) and writes new tensors of the same values; its backward
-    reads x and the output gradients into a new dx (so it moves what a norm's must)."""
+    reads x (s) and the output gradients into a new dx (so it moves what a norm's must)."""
     from benchmarks import floors
 
     x = torch.randn(5, 7, requires_grad=True)
@@ -301,8 +428,22 @@ def test_fresh_copy_floor_moves_the_rows_of_a_norm(residual):
         assert torch.equal(out, source) and out.data_ptr() != source.data_ptr()
     dys = [torch.randn(5, 7) for _ in outputs]
     (dx,) = torch.autograd.grad(outputs, [x], dys)
-    expected = dys[1] + dys[0] * x if residual else dys[0] + x
+    expected = dys[1] + dys[0] * r if residual else dys[0] + x
     torch.testing.assert_close(dx, expected.detach())
+
+
+def test_fresh_copy_floor_of_a_float32_stream_writes_dx_in_a_pass_of_its_own():
+    """separate_dx: the gradient in s's dtype (float32), then dx in x's (bfloat16)."""
+    from benchmarks import floors
+
+    x = torch.randn(5, 7).to(torch.bfloat16).requires_grad_()
+    r = torch.randn(5, 7, requires_grad=True)
+    y, s = floors.fresh_copy(x, r, separate_dx=True)
+    assert (y.dtype, s.dtype) == (torch.bfloat16, torch.float32)
+    dy, ds = torch.randn(5, 7).to(torch.bfloat16), torch.randn(5, 7)
+    (dx,) = torch.autograd.grad([y, s], [x], [dy, ds])
+    assert dx.dtype == torch.bfloat16
+    torch.testing.assert_close(dx, (ds + dy.float() * r).detach().to(torch.bfloat16))
 
 
 def test_default_cpu_cases_cover_every_dtype():

@@ -57,3 +57,32 @@ def test_peers_table_states_each_peer_and_the_floor_per_pass():
     assert lines[3] == "| `layer_norm` | × liger | 3.00× (3.00–3.00) | – | – |"
     assert lines[4] == "| `layer_norm` | % of copy | 60% (40–80) | 50% (50–50) | – |"
     assert len(lines) == 5
+
+
+def test_variant_rows_get_summary_rows_of_their_own():
+    """An add_* file with the variants' rows: the suite's summary and peers rows stay those
+    of its plain cases; each other variant gets a summary row of its own (– where fusednorm
+    was not timed), and the suite's table a variant column, n/a where fusednorm is absent."""
+    def row(pass_, variant, provider, ms, pct=None):
+        return {"pass": pass_, "dtype": "bfloat16", "M": 8, "N": 1024, "variant": variant,
+                "provider": provider, "ms": ms, "pct_of_copy": pct}
+    rows = [row("fwd", "plain", "fusednorm", 1.0, 80.0), row("fwd", "plain", "torch", 2.0),
+            row("fwd", "plain", "torch.compile", 1.0),
+            row("fwd", "fp32-residual", "fusednorm", 1.0, 60.0),
+            row("fwd", "fp32-residual", "torch", 4.0),
+            row("fwd", "fp32-residual", "torch.compile", 3.0),
+            row("fwd", "dropout", "torch", 3.0), row("fwd", "dropout", "torch.compile", 2.0)]
+    result = {"suite": "add_layer_norm", "rows": rows}
+    summary = docs_page.summary_table({"add_layer_norm": result})
+    assert summary[2:] == [
+        "| `add_layer_norm` | bf16; 1 shapes, N 1024 | 2.00× (2.00–2.00) | – | – |",
+        "| `add_layer_norm` fp32-residual | bf16; 1 shapes, N 1024 | 4.00× (4.00–4.00) | – | – |",
+        "| `add_layer_norm` dropout | bf16; 1 shapes, N 1024 | – | – | – |"]
+    assert docs_page.peers_table({"add_layer_norm": result})[2:] == [
+        "| `add_layer_norm` | × torch.compile | 1.00× (1.00–1.00) | – | – |",
+        "| `add_layer_norm` | % of copy | 80% (80–80) | – | – |"]
+    table = docs_page._suite_table(result)
+    assert table[0] == "| dtype | M | N | variant | fwd: × torch / × compile / % copy |"
+    assert table[2:] == ["| bf16 | 8 | 1024 | plain | 2.00× / 1.00× / 80% |",
+                         "| bf16 | 8 | 1024 | fp32-residual | 4.00× / 3.00× / 60% |",
+                         "| bf16 | 8 | 1024 | dropout | n/a |"]
