@@ -172,10 +172,10 @@ def _liger_rms(function, x, r, w):
 
 
 def _liger_add_rms(function, x, r, w):
-    # (y, s); offset 0 and casting mode "llama" (Liger's defaults: the norm in float32, the
-    # normalized rows rounded to x's dtype before the weight's product). in_place=False,
-    # named: in place, Liger's backward writes dx into the dy it is given, the benchmark's
-    # input set, which each call must find as it was.
+    # (y, s). Liger's defaults (its function's and its module's), named: offset 0; casting
+    # "llama" (the norm in float32, the normalized rows rounded to x's dtype before the
+    # weight's product); in_place=False (in place, its backward writes dx into the dy it is
+    # given, the benchmark's input set, which every call must find as it was).
     return function.apply(x, r, w, EPS, 0.0, "llama", False)
 
 
