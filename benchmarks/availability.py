@@ -4,6 +4,7 @@ under fusednorm's name would be wrong, so such a provider is skipped with the re
 from __future__ import annotations
 
 import functools
+import importlib
 from pathlib import Path
 from typing import Callable
 
@@ -90,21 +91,28 @@ def usable_providers(wanted, known, device: torch.device, notes: list[str], *, b
     return usable
 
 
+def _liger_function(module: str, name: str):
+    """liger_kernel.ops.<module>.<name>, or None when Liger is not importable."""
+    try:
+        return getattr(importlib.import_module(f"liger_kernel.ops.{module}"), name)
+    except Exception:  # ImportError, AttributeError, or a Triton/driver error at import
+        return None
+
+
 @functools.cache
 def liger_layer_norm():
     """Liger-Kernel's LigerLayerNormFunction, or None when Liger is not importable."""
-    try:
-        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
-    except Exception:  # ImportError, or a Triton/driver error at import
-        return None
-    return LigerLayerNormFunction
+    return _liger_function("layer_norm", "LigerLayerNormFunction")
 
 
 @functools.cache
 def liger_rms_norm():
     """Liger-Kernel's LigerRMSNormFunction, or None when Liger is not importable."""
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    except Exception:  # ImportError, or a Triton/driver error at import
-        return None
-    return LigerRMSNormFunction
+    return _liger_function("rms_norm", "LigerRMSNormFunction")
+
+
+@functools.cache
+def liger_fused_add_rms_norm():
+    """Liger-Kernel's LigerFusedAddRMSNormFunction (add + RMSNorm), or None when Liger is
+    not importable."""
+    return _liger_function("fused_add_rms_norm", "LigerFusedAddRMSNormFunction")

@@ -1,9 +1,9 @@
 """Suites `rms_norm`, `add_layer_norm`, `add_rms_norm`: fusednorm against PyTorch eager (the
 composite `s = x + r; norm(s)` for the add_* ops), torch.compile of it and Liger-Kernel's
-RMSNorm (GPU, when importable), fwd / bwd / fwd+bwd, judged by the bytes each pass moves
-against the copy bandwidth measured in the same run. The add_* suites also time the variants
-of benchmarks/norm_variants.py (a float32 residual stream, dropout, dropout with a row scale)
-on a few cases (--all-variant-cases: on every case).
+RMSNorm and fused add + RMSNorm (GPU, when importable), fwd / bwd / fwd+bwd, judged by the
+bytes each pass moves against the copy bandwidth measured in the same run. The add_* suites
+also time the variants of benchmarks/norm_variants.py (a float32 residual stream, dropout,
+dropout with a row scale) on a few cases (--all-variant-cases: on every case).
 
     python -m benchmarks.bench_norm_family rms_norm [--device cpu] [--dtypes bf16] ...
     python -m benchmarks.bench_norm_family add_rms_norm --variants fp32-residual --all-variant-cases
@@ -68,7 +68,10 @@ class NormSuite:
     residual: bool
     centered: bool  # LayerNorm: a mean beside rstd
     outputs: list[str]
-    liger: Callable | None = None  # Liger's function of (x, w), where Liger has the op
+    # Liger-Kernel's peer of the plain op, where Liger computes it: find_liger() gives its
+    # autograd Function (None when Liger is absent: availability), liger(F, x, r, w) calls it.
+    find_liger: Callable | None = None
+    liger: Callable | None = None
     _compiled: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -100,7 +103,8 @@ class NormSuite:
             functions[ZERO_CENTERED] = lambda x, r, w, rowscale: self.fused(
                 x, r, w - 1, zero_centered_weight=True)
             if self.liger:
-                functions["liger"] = lambda x, r, w, rowscale: self.liger(x, w)
+                functions["liger"] = lambda x, r, w, rowscale: self.liger(
+                    self.find_liger(), x, r, w)
         return functions
 
     def pass_bytes(self, M: int, N: int, dtype: torch.dtype,
@@ -163,18 +167,28 @@ def _rms_norm(s, w):
     return F.rms_norm(s, s.shape[-1:], w, EPS)
 
 
-def _liger_rms(x, w):
-    return availability.liger_rms_norm().apply(x, w, EPS)
+def _liger_rms(function, x, r, w):
+    return function.apply(x, w, EPS)
+
+
+def _liger_add_rms(function, x, r, w):
+    # (y, s). Liger's defaults (its function's and its module's), named: offset 0; casting
+    # "llama" (the norm in float32, the normalized rows rounded to x's dtype before the
+    # weight's product); in_place=False (in place, its backward writes dx into the dy it is
+    # given, the benchmark's input set, which every call must find as it was).
+    return function.apply(x, r, w, EPS, 0.0, "llama", False)
 
 
 RMS_NORM = NormSuite(
     "rms_norm", _rms_norm,
     lambda x, r, w, **options: fusednorm.rms_norm(x, x.shape[-1:], w, EPS, **options),
-    residual=False, centered=False, outputs=["y"], liger=_liger_rms)
+    residual=False, centered=False, outputs=["y"],
+    find_liger=availability.liger_rms_norm, liger=_liger_rms)
 ADD_RMS_NORM = NormSuite(
     "add_rms_norm", _rms_norm,
     lambda x, r, w, **options: fusednorm.add_rms_norm(x, r, x.shape[-1:], w, EPS, **options),
-    residual=True, centered=False, outputs=["y", "s"])
+    residual=True, centered=False, outputs=["y", "s"],
+    find_liger=availability.liger_fused_add_rms_norm, liger=_liger_add_rms)
 ADD_LAYER_NORM = NormSuite(
     "add_layer_norm", _layer_norm,
     lambda x, r, w, **options: fusednorm.add_layer_norm(x, r, x.shape[-1:], w, None, EPS,
@@ -328,7 +342,7 @@ def case_builder(suite: NormSuite, variant: Variant, M: int, N: int, dtype, devi
 def usable_providers(suite: NormSuite, wanted, device, notes: list[str]) -> list[str]:
     return availability.usable_providers(wanted, suite.providers, device, notes,
                                          backend_op="norm_fwd", api=suite.SUITE,
-                                         liger=availability.liger_rms_norm)
+                                         liger=suite.find_liger)
 
 
 def bytes_notes(suite: NormSuite, variants: list[Variant]) -> list[str]:
@@ -345,8 +359,9 @@ def bytes_notes(suite: NormSuite, variants: list[Variant]) -> list[str]:
     others = [v for v in variants if v is not PLAIN]
     if r:
         notes.append("variant: " + "; ".join(f"`{v.name}`: {v.description}" for v in variants)
-                     + ". n/a: a provider not timed at that case (fusednorm zero-centered: "
-                     "plain only; one skipped at a case is named in these notes).")
+                     + ". n/a: a provider not timed at that case (fusednorm zero-centered"
+                     + (", liger" if suite.liger else "") + ": plain only; one skipped at a "
+                     "case is named in these notes).")
     notes.append("fusednorm zero-centered (the same kernels as fusednorm, 1 + w formed per "
                  "call) is timed, in a default run, only at the variants' few cases (bf16): "
                  "--providers naming it, or --all-variant-cases, time it at every case.")

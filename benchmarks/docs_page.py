@@ -189,22 +189,38 @@ def _busy(result: dict) -> bool:
     return any(note.startswith(BUSY_PREFIX) for note in result["_notes"])
 
 
+def _timed_suites(suites: dict[str, dict]) -> list[str]:
+    """The timed suites among suites' keys, in page order (TIMED_SUITES)."""
+    return [suite for suite in TIMED_SUITES if suite in suites]
+
+
+def _pass_cells(per_pass: dict[str, list[float]], span) -> list[str]:
+    """One cell per pass of report.PASSES: span (_span, _pct_span) of that pass's values."""
+    return [span(per_pass.get(p, [])) for p in report.PASSES]
+
+
+def _pass_table(column: str, suites: dict[str, dict], rows_of) -> list[str]:
+    """Markdown lines of a table whose columns are the suite, `column` and one per pass;
+    rows_of(suite, result) yields (suite cell, `column` cell, pass cells) for each timed
+    suite, in page order."""
+    lines = [f"| suite | {column} | forward | backward | forward+backward |",
+             "|---|---|--:|--:|--:|"]
+    for suite in _timed_suites(suites):
+        for name, label, cells in rows_of(suite, suites[suite]):
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def summary_table(suites: dict[str, dict]) -> list[str]:
     """Markdown lines: one row per timed suite (and per variant of its rows other than
     plain), fusednorm's speed-up over PyTorch eager per pass (median and range over the
     cases)."""
-    lines = ["| suite | cases | forward | backward | forward+backward |",
-             "|---|---|--:|--:|--:|"]
-    for suite in TIMED_SUITES:
-        if suite not in suites:
-            continue
-        for variant, result in by_variant(suites[suite]).items():
-            per_pass = speedups(result)
-            cells = [_span(per_pass.get(p, [])) for p in report.PASSES]
+    def rows_of(suite: str, result: dict):
+        for variant, part in by_variant(result).items():
             name = f"`{suite}`" + ("" if variant == PLAIN else f" {variant}")
-            lines.append(f"| {name} | {_dtypes(result)}; {_shapes(result)} | "
-                         + " | ".join(cells) + " |")
-    return lines
+            yield name, f"{_dtypes(part)}; {_shapes(part)}", _pass_cells(speedups(part), _span)
+
+    return _pass_table("cases", suites, rows_of)
 
 
 def peers_table(suites: dict[str, dict]) -> list[str]:
@@ -212,17 +228,12 @@ def peers_table(suites: dict[str, dict]) -> list[str]:
     (torch.compile; Liger where the suite has it: peer ms / fusednorm ms) and against the
     floor measured in the same run (% of copy; gelu_ffn: % of the GEMM-only time), median
     (range) over the suite's plain cases, per pass."""
-    lines = ["| suite | against | forward | backward | forward+backward |",
-             "|---|---|--:|--:|--:|"]
-    for suite in TIMED_SUITES:
-        if suite not in suites:
-            continue
-        result = _plain(suites[suite])
+    def rows_of(suite: str, result: dict):
+        result = _plain(result)
         for peer in (COMPILED, LIGER):
             per_pass = speedups(result, baseline=peer)
             if per_pass:
-                cells = [_span(per_pass.get(p, [])) for p in report.PASSES]
-                lines.append(f"| `{suite}` | × {peer} | " + " | ".join(cells) + " |")
+                yield f"`{suite}`", f"× {peer}", _pass_cells(per_pass, _span)
         floor_key, floor_name = (("pct_of_gemm", "% of GEMM-only") if suite == "gelu_ffn"
                                  else ("pct_of_copy", "% of copy"))
         floors: dict[str, list[float]] = {}
@@ -231,9 +242,9 @@ def peers_table(suites: dict[str, dict]) -> list[str]:
             if value is not None:
                 floors.setdefault(pass_name, []).append(value)
         if floors:
-            cells = [_pct_span(floors.get(p, [])) for p in report.PASSES]
-            lines.append(f"| `{suite}` | {floor_name} | " + " | ".join(cells) + " |")
-    return lines
+            yield f"`{suite}`", floor_name, _pass_cells(floors, _pct_span)
+
+    return _pass_table("against", suites, rows_of)
 
 
 def _pct_span(values: list[float]) -> str:
@@ -378,11 +389,10 @@ def page(data: dict[str, dict[str, dict]]) -> str:
                   "plot (`.png`) and data (`.json`).", "", "Summary, fusednorm's speed-up "
                   "over PyTorch eager, median (range) over the cases:", ""]
         lines += summary_table(suites)
-        for suite in TIMED_SUITES:
-            if suite in suites:
-                r = suites[suite]
-                lines += ["", f"### `{suite}`" + (" (busy machine: see the notes of its table)"
-                                                  if _busy(r) else ""), ""] + _suite_table(r)
+        for suite in _timed_suites(suites):
+            r = suites[suite]
+            lines += ["", f"### `{suite}`" + (" (busy machine: see the notes of its table)"
+                                              if _busy(r) else ""), ""] + _suite_table(r)
         if "overhead" in suites:
             lines += ["", "### `overhead`: host time per call", ""] + _overhead_table(suites["overhead"])
         if "accuracy_far_rows" in suites:
@@ -407,7 +417,7 @@ def draw(suites: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [s for s in TIMED_SUITES if s in suites]
+    names = _timed_suites(suites)
     fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(names) * len(report.PASSES) / 2 + 1.4))
     height = 0.8 / len(report.PASSES)
     for j, pass_name in enumerate(report.PASSES):

@@ -387,6 +387,65 @@ def test_default_variant_cases_are_few():
     assert variant_cases("rms_norm", "cuda")[0] == []
 
 
+class _LigerFusedAddRMSNormStub:
+    """What Liger-Kernel 0.8.5's LigerFusedAddRMSNormFunction.apply(X, R, W, eps, offset,
+    casting_mode, in_place) computes in its "llama" casting mode, in torch ops: s = x + r in
+    x's dtype; the norm in float32, rounded to x's dtype before the weight's product; returns
+    (y, s). Records each call's scalar arguments."""
+
+    calls: list[tuple] = []
+
+    @staticmethod
+    def apply(X, R, W, eps, offset=0.0, casting_mode="llama", in_place=False):
+        _LigerFusedAddRMSNormStub.calls.append((eps, offset, casting_mode, in_place))
+        s = X + R
+        s32 = s.float()
+        xhat = (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)).to(X.dtype)
+        return xhat * (offset + W), s
+
+
+def test_liger_add_rms_norm_is_timed_on_plain_cases_only_and_absent_without_liger(monkeypatch):
+    """add_rms_norm's liger provider: Liger's fused add + RMSNorm (its own finder, not
+    RMSNorm's), called with eps, offset 0, "llama" and in_place=False (in place, its backward
+    would overwrite the benchmark's dy), checked against float64 like every provider; only
+    the plain variant; refused off a GPU and where Liger does not import."""
+    import importlib.util
+
+    from benchmarks import availability, bench_norm_family as family
+    from benchmarks.norm_variants import PLAIN, VARIANTS
+
+    suite = family.ADD_RMS_NORM
+    assert suite.find_liger is availability.liger_fused_add_rms_norm
+    assert "liger" in suite.providers and "liger" not in family.ADD_LAYER_NORM.providers
+    assert [v for v in VARIANTS if "liger" in suite.functions(VARIANTS[v])] == [PLAIN.name]
+    if importlib.util.find_spec("liger_kernel") is None:
+        assert availability.liger_fused_add_rms_norm() is None
+
+    notes: list[str] = []
+    assert family.usable_providers(suite, ["torch", "liger"], torch.device("cpu"), notes) == [
+        "torch"]
+    assert notes == ["liger not benchmarked: Liger-Kernel runs on GPUs only"]
+    notes.clear()
+    monkeypatch.setattr(suite, "find_liger", lambda: None)
+    assert family.usable_providers(suite, ["liger"], torch.device("cuda"), notes) == []
+    assert notes and "liger_kernel is not importable" in notes[0]
+    stub = _LigerFusedAddRMSNormStub
+    monkeypatch.setattr(suite, "find_liger", lambda: stub)
+    assert family.usable_providers(suite, ["liger"], torch.device("cuda"), []) == ["liger"]
+
+    # The wiring on the CPU (the GPU gate bypassed): outputs (y, s) and gradients
+    # (dx, dweight, dresidual) pass the float64 check, and it is timed beside torch.
+    stub.calls.clear()
+    device = torch.device("cpu")
+    build = family.case_builder(suite, PLAIN, 16, 24, torch.bfloat16, device, ["torch", "liger"])
+    settings = runner.Settings("add_rms_norm", device, ["fwd", "bwd"], budget_s=0.01)
+    result = runner.run(settings, [build], providers_per_case=2)
+    assert not [n for n in settings.notes if "SKIPPED" in n]
+    assert {(r["pass"], r["provider"]) for r in result["rows"]} == {
+        (p, name) for p in ("fwd", "bwd") for name in ("torch", "liger")}
+    assert stub.calls and set(stub.calls) == {(family.EPS, 0.0, "llama", False)}
+
+
 def test_dropout_reference_reads_the_mask_and_refuses_no_dropout():
     """A random provider is checked against the reference of the mask it drew (from its
     dx); one that keeps every element is refused before it is timed."""
