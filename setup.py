@@ -193,7 +193,8 @@ def _default_arch_list():
 # file in build/ that includes csrc/cuda/norm_instances.cuh; the input dtypes are the tags of
 # FUSEDNORM_CUDA_NORM_DTYPES in csrc/cuda/norm_launch.h, the one list of dtype pairs.
 NORM_KINDS = {"layer_norm": "true", "rms_norm": "false"}  # name: FUSEDNORM_NORM_CENTERED
-NORM_PASSES = ("fwd", "bwd", "fwd_dropout")  # fwd_dropout: norm_fwd_dropout_cuda
+# fwd_dropout: norm_fwd_dropout_cuda; bwd_input_grad: norm_bwd_input_grad_cuda
+NORM_PASSES = ("fwd", "bwd", "fwd_dropout", "bwd_input_grad")
 NORM_INSTANCES_DIR = os.path.join("build", "generated", "cuda")
 
 

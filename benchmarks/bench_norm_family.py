@@ -97,7 +97,7 @@ class NormSuite:
                 x, r, w, **variant.fused_kwargs(rowscale)),
             "torch": eager, "torch.compile": self._compiled[variant.name],
             floors.FRESH_COPY: lambda x, r, w, rowscale: floors.fresh_copy(
-                x, r, variant.separate_input_grad),
+                x, r, variant.distinct_input_grad),
         }
         if variant is PLAIN:
             functions[ZERO_CENTERED] = lambda x, r, w, rowscale: self.fused(
@@ -113,10 +113,10 @@ class NormSuite:
         and the statistics (rstd; LayerNorm: mean too). bwd reads x (or s), dy (and ds), the
         statistics, w; writes dx (and dr; one gradient for both: the same values, counted
         once) and dw. r, s, ds and dr have the sum's dtype (fp32-residual: 4 bytes beside a
-        16-bit x). A variant whose backward forms dx in a pass of its own, as fusednorm's
-        does (the float32 dr rounded to x's dtype; dropout's multipliers applied to dr by
-        dropout_scale, the mask regenerated, not read), adds that pass: dr read again (and
-        rowscale), dx written. Dropout's forward moves nothing more: the mask is not stored."""
+        16-bit x). A variant whose dx differs from dr (the float32 dr rounded to x's dtype;
+        dropout's multipliers applied, the mask regenerated, not read) writes dx too, in the
+        same pass as fusednorm's backward does (and reads rowscale). Dropout's forward moves
+        nothing more: the mask is not stored."""
         size = torch.finfo(dtype).bits // 8
         wide = torch.finfo(variant.sum_dtype(dtype)).bits // 8
         stat = 8 if dtype == torch.float64 else 4
@@ -129,8 +129,8 @@ class NormSuite:
             rowscale = M * stat if variant.rowscale else 0
             fwd = (2 * size + 2 * wide) * rows + N * size + stats + rowscale
             bwd = (size + 3 * wide) * rows + stats + 2 * N * size
-            if variant.separate_input_grad:
-                bwd += (wide + size) * rows + rowscale
+            if variant.distinct_input_grad:
+                bwd += size * rows + rowscale
         return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
 
     def parser(self) -> argparse.ArgumentParser:

@@ -46,7 +46,8 @@ class _FreshCopy(torch.autograd.Function):
 def fresh_copy(x: torch.Tensor, residual: torch.Tensor | None = None, separate_dx: bool = False):
     """The floor of a norm on rows of x (with a residual: of an add-norm); differentiable
     in x only. separate_dx: the backward writes the residual's gradient, then reads it
-    again into dx (see norm_variants.Variant.separate_input_grad)."""
+    again into dx (see norm_variants.Variant.distinct_input_grad; ATen ops write one output
+    each, so this floor reads dr once more than fusednorm's one pass)."""
     return _FreshCopy.apply(x, residual, separate_dx)
 
 

@@ -43,10 +43,10 @@ class Variant:
         return self.dropout_p > 0
 
     @property
-    def separate_input_grad(self) -> bool:
-        """Whether the backward forms dx from the residual's gradient in a pass of its own
-        (fusednorm: the cast of a float32 dr to x's dtype, or dropout_scale's multipliers)
-        instead of writing one gradient for both."""
+    def distinct_input_grad(self) -> bool:
+        """Whether dx differs from the residual's gradient dr (a float32 dr rounded to x's
+        dtype, or dropout's multipliers applied), so that the backward writes both (fusednorm:
+        in its one pass over the rows, norm_bwd's grad_x) instead of one gradient for both."""
         return self.residual_dtype is not None or self.random or self.rowscale
 
     def fused_kwargs(self, rowscale: torch.Tensor | None) -> dict:

@@ -112,12 +112,18 @@ using OptDtype = std::optional<at::ScalarType>;
      is float16/bfloat16 beside a float32 input (a float32 sum of norm_fwd's sum_dtype);    \
      parameters follow grad_out's dtype. grad_weight / grad_bias are [N] in the parameter's \
      dtype, or empty ([0]) when that parameter is None; their reduction over rows is        \
-     deterministic. */                                                                      \
+     deterministic. grad_x, the add op's input gradient, is written in the same pass when   \
+     x_dtype is given (grad_out's dtype: norm_fwd's input's), else empty ([0]): grad_input  \
+     (rounded) times the multipliers of the norm_fwd call whose dropout_p, rowscale and     \
+     rng_state (given exactly when dropout_p > 0) are given, rounded once to x_dtype;       \
+     bitwise dropout_scale(grad_input, rowscale, rng_state, dropout_p, x_dtype), and        \
+     without dropout / rowscale grad_input.to(x_dtype). */                                  \
   X(norm_bwd,                                                                                \
     "norm_bwd(Tensor grad_out, Tensor? grad_sum, Tensor input, Tensor mean, Tensor rstd,"    \
-    " Tensor? weight, Tensor? bias, bool centered) -> (Tensor grad_input,"                   \
-    " Tensor grad_weight, Tensor grad_bias)",                                                \
-    Tensor3(Tensor, Opt, Tensor, Tensor, Tensor, Opt, Opt, bool))                            \
+    " Tensor? weight, Tensor? bias, bool centered, ScalarType? x_dtype=None,"               \
+    " float dropout_p=0., Tensor? rowscale=None, Tensor? rng_state=None) -> (Tensor"         \
+    " grad_input, Tensor grad_weight, Tensor grad_bias, Tensor grad_x)",                     \
+    Tensor4(Tensor, Opt, Tensor, Tensor, Tensor, Opt, Opt, bool, OptDtype, double, Opt, Opt)) \
   /* grad * m rounded once to dtype (grad's, or float16/bfloat16 beside a float32 grad: a  \
      float32 sum's input), m the multipliers of the norm_fwd call whose rng_state (and     \
      dropout_p, rowscale) are given, on rows of grad's [M, N] shape: the input gradient of \

@@ -98,14 +98,17 @@ def read_kernels(library: str, cuobjdump: str) -> dict[tuple[str, str], Kernel]:
 
 # Template arguments of the norm-family row kernels in their mangled names:
 # norm_{fwd,bwd}_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO> (CENTERED: LayerNorm;
-# not: RMSNorm; IO: the type of x, y and dy, T's or 16-bit beside a float T), and the
-# forward with dropout / rowscale, norm_fwd_dropout_kernel, with the same arguments.
+# not: RMSNorm; IO: the type of x, y and dy, T's or 16-bit beside a float T), and the forward
+# with dropout / rowscale, norm_fwd_dropout_kernel, with the same arguments. The backward's
+# last argument is a pack: empty (J E), or InputGradParams for the kernels that also write the
+# add ops' input gradient.
 _ELEMENT = {"N3c104HalfE": "float16", "N3c108BFloat16E": "bfloat16", "f": "float32", "d": "float64"}
 # The parameter type P follows T: "f" (float beside a 16-bit T), or T again (a "d", an "f", or
 # a substitution "S<n>_" of T's name).
 _ROW_KERNEL = re.compile(
     r"\dnorm_(fwd|bwd)(_dropout)?_kernelI(N3c104HalfE|N3c108BFloat16E|f|d)(S[0-9A-Z]*_|f|d)?.*?"
-    r"Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?(N3c104HalfE|N3c108BFloat16E|S[0-9A-Z]*_|f|d)?E"
+    r"Li(\d+)ELi(\d+)ELi(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?(N3c104HalfE|N3c108BFloat16E|S[0-9A-Z]*_|f|d)?"
+    r"(JE|J\w*?InputGradParams)?[EI]"
 )
 
 
@@ -121,6 +124,7 @@ class RowKernel:
     param: str = ""  # dtype of weight/bias: x's, or "float32" beside a 16-bit x
     io: str = ""  # dtype of x, y and dy: dtype's, or 16-bit beside a float32 sum
     dropout: bool = False  # norm_fwd_dropout_kernel (s = x * m + residual)
+    input_grad: bool = False  # norm_bwd_kernel<..., InputGradParams> (the add ops' input gradient)
 
     @property
     def block(self) -> int:
@@ -133,15 +137,19 @@ class RowKernel:
 
 
 def row_kernel(name: str, dropout: bool = False) -> RowKernel | None:
-    """The row kernel's template arguments; the dropout forwards only when `dropout`."""
+    """The row kernel's template arguments; the dropout forwards and the input-gradient
+    backwards only when `dropout` (the variants with the add ops' multipliers)."""
     m = _ROW_KERNEL.search(name)
-    if m is None or (m.group(2) is not None and not dropout):
+    if m is None:
         return None
-    direction, drop, element, param, vec, tpr, items, cluster, centered, io = m.groups()
+    direction, drop, element, param, vec, tpr, items, cluster, centered, io, pack = m.groups()
+    input_grad = pack is not None and pack != "JE"
+    if (drop is not None or input_grad) and not dropout:
+        return None
     dtype = _ELEMENT[element]
     return RowKernel(direction, dtype, int(vec), int(tpr), int(items), cluster == "1",
                      centered != "0", _ELEMENT.get(param, dtype), _ELEMENT.get(io, dtype),
-                     drop is not None)
+                     drop is not None, input_grad)
 
 
 # Launch block sizes of the other kernels (csrc/cuda/norm_config.cuh, and the constants next to

@@ -104,6 +104,11 @@ def ops(rank: int, world: int) -> None:
             lambda input, residual, w: fusednorm.add_rms_norm(input, residual, (D,), w,
                                                               residual_dtype=torch.float32),
             dict(input=x(1), residual=x(2), w=w)),
+        # a bfloat16 input beside the float32 sum: norm_bwd's grad_x (x_dtype) under the rule
+        "add_layer_norm residual_dtype bfloat16": (
+            lambda input, residual, w, b: fusednorm.add_layer_norm(
+                input, residual, (D,), w, b, residual_dtype=torch.float32),
+            dict(input=x(1).detach().bfloat16().requires_grad_(), residual=x(2), w=w, b=b)),
     }
     for name, (fn, inputs) in norms.items():
         sharded = [k for k in ("input", "residual") if k in inputs]

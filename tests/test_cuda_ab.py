@@ -143,7 +143,7 @@ class CpuNorm:
 
     def bwd(self, centered, dy, grad_sum, x, mean, rstd, w, dx, dw, db):
         stats = mean if mean is not None else torch.empty(0, dtype=rstd.dtype)
-        gx, gw, gb = torch.ops.fusednorm.norm_bwd(dy, grad_sum, x, stats, rstd, w, db, centered)
+        gx, gw, gb, _ = torch.ops.fusednorm.norm_bwd(dy, grad_sum, x, stats, rstd, w, db, centered)
         dx.copy_(gx + self.shift)
         dw.copy_(gw)
         if db is not None:

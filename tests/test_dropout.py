@@ -362,14 +362,19 @@ def test_modules_skip_dropout_in_eval(cls, kind):
     module = cls(24, dropout_p=0.5)
     x = random_input((3, 24), F32, "cpu", seed=1)
     r = random_input((3, 24), F32, "cpu", seed=2)
+    def functional(**kw):  # the module's own eps (FusedAddRMSNorm's None: the default)
+        if kind == "layer_norm":
+            return fusednorm.add_layer_norm(x, r, (24,), module.weight, module.bias, module.eps,
+                                            **kw)
+        return fusednorm.add_rms_norm(x, r, (24,), module.weight, module.eps, **kw)
+
     torch.manual_seed(1)
     out, s = module(x, r)
     torch.manual_seed(1)
-    want = _call(kind, x, r, module.weight, getattr(module, "bias", None), dropout_p=0.5)
-    assert torch.equal(s, want[1])
+    want = functional(dropout_p=0.5)
+    assert torch.equal(s, want[1]) and torch.equal(out, want[0])
     module.eval()
-    for got, plain in zip(module(x, r), _call(kind, x, r, module.weight,
-                                              getattr(module, "bias", None))):
+    for got, plain in zip(module(x, r), functional()):
         assert torch.equal(got, plain)
     assert "dropout_p=0.5" in repr(module)
     assert set(module.state_dict()) == ({"weight", "bias"} if kind == "layer_norm" else {"weight"})

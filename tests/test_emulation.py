@@ -477,3 +477,45 @@ def test_emulated_dropout_scale(harness, o, g):
         flags = DROPOUT_FLAGS[i % len(DROPOUT_FLAGS)].replace(" captured", "")
         lines.append(f"dscale {o} {g} {m} {n} none {g_mis} {o_mis} {ORDERS[i % 3]} {sms} {flags}")
     check_all_ok(harness, lines)
+
+
+# The backward that also writes the add ops' input gradient (norm_bwd_input_grad_cuda: the
+# harness's `xgrad`): dx times the forward's multipliers, rounded once to the input's dtype,
+# exact against the host's value from the dx the kernels wrote.
+XGRAD_FLAGS = ["xgrad drop=0.1", "xgrad drop=0.5 rowscale", "xgrad rowscale", "xgrad drop=1",
+               "xgrad drop=1e-12"]
+
+
+def xgrad_cases(t, p, variant, flags=XGRAD_FLAGS):
+    """(case line, expected clustered launches): every backward path of family_cases
+    (buckets, one-element packs, a misaligned dy, a grad_sum misaligned alone, chunked rows in
+    three launches) and the clustered long rows of cluster_cases, each with a flag set in
+    turn. Rows are cut by the buckets of the sum's type (float32's for `wide`); 16-bit
+    LayerNorm's input-gradient kernels take the grad_sum table, with or without one."""
+    cases = [(f"{line} {flags[i % len(flags)]}", 0)
+             for i, line in enumerate(family_cases("bwd", t, p, variant))]
+    sum_t = "f32" if "wide" in variant else t
+    long_rows = cluster_cases("bwd", sum_t, p, ln_grad_sum="rms" not in variant)
+    for i, (line, clustered) in enumerate(long_rows):
+        if clustered:
+            tokens = line.split()
+            tokens[1], tokens[5] = t, variant_affine(variant, i)
+            cases.append((" ".join(tokens) + f" {variant} {flags[i % len(flags)]}", clustered))
+    return cases
+
+
+@pytest.mark.parametrize("variant", ["res", "rms res", ""])
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_backward_input_grad_dropout(harness, t, p, variant):
+    """dropout / rowscale: the input gradient in every backward path, with a grad_sum
+    (LayerNorm, RMSNorm) and without one (LayerNorm)."""
+    check_ok_with_cluster_launches(harness, xgrad_cases(t, p, variant))
+
+
+@pytest.mark.parametrize("variant", ["res wide", "rms res wide", "wide"])
+@pytest.mark.parametrize("t, p", WIDE_PAIRS, ids=[f"{t}-{p}" for t, p in WIDE_PAIRS])
+def test_emulated_backward_input_grad_float32_sum(harness, t, p, variant):
+    """A float32 sum beside 16-bit inputs: the input gradient dx rounded to 16 bits (no
+    multipliers), and with dropout / rowscale, in every backward path."""
+    check_ok_with_cluster_launches(
+        harness, xgrad_cases(t, p, variant, ["xgrad", "xgrad drop=0.5 rowscale"]))

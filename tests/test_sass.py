@@ -58,7 +58,7 @@ def test_sass_inventory_has_every_row_kernel_path():
     cannot pass by finding nothing."""
     found = {}
     for k, rk in row_kernels():
-        if rk.dropout:
+        if rk.dropout or rk.input_grad:
             continue
         found.setdefault(k.arch, set()).add(
             (rk.direction, rk.dtype, rk.vectorized, rk.cluster, rk.centered))
@@ -74,7 +74,8 @@ def test_sass_inventory_has_every_row_kernel_path():
         } - paths
         assert not missing, f"{arch}: no SASS for {sorted(missing)}"
     # The float32 residual stream's kernels: float math, 16-bit x, y and dy.
-    wide = {(rk.direction, rk.io, rk.vectorized) for k, rk in row_kernels() if rk.io != rk.dtype}
+    wide = {(rk.direction, rk.io, rk.vectorized) for k, rk in row_kernels()
+            if rk.io != rk.dtype and not rk.input_grad}
     assert wide == {(d, io, v) for d in ("fwd", "bwd") for io in ("float16", "bfloat16")
                     for v in (True, False)}, sorted(wide)
     assert all(sum(k.ops.values()) > 0 for k, _ in row_kernels()), "kernels without instructions"
@@ -98,6 +99,24 @@ def test_sass_inventory_has_every_dropout_forward_path():
         merges = [k for k in kernels().values()
                   if k.arch == arch and "norm_merge_stats_dropout_kernel" in k.name]
         assert merges, f"{arch}: no norm_merge_stats_dropout_kernel"
+
+
+def test_sass_inventory_has_every_input_grad_backward_path():
+    """The backwards that also write the add ops' input gradient (norm_bwd_kernel with an
+    InputGradParams argument): every dtype and the float32 sum beside 16-bit inputs, both
+    layouts, with and without clusters, LayerNorm and RMSNorm."""
+    found = {}
+    for k, rk in row_kernels():
+        if rk.input_grad:
+            assert rk.direction == "bwd", k.name
+            found.setdefault(k.arch, set()).add((rk.dtype, rk.io, rk.vectorized, rk.cluster,
+                                                 rk.centered))
+    assert found, "no input-gradient backward kernels in the library's SASS"
+    ios = {(t, t) for t in DTYPES} | {("float32", "float16"), ("float32", "bfloat16")}
+    for arch, paths in found.items():
+        missing = {(t, io, v, c, centered) for t, io in ios for v in (True, False)
+                   for c in (True, False) for centered in (True, False)} - paths
+        assert not missing, f"{arch}: no input-gradient SASS for {sorted(missing)}"
 
 
 def test_sass_16bit_vector_kernels_have_no_2_byte_stores():
@@ -178,9 +197,10 @@ def test_sass_figures_cover_every_bucket(tmp_path):
     rows = sass_figures.figures(kernels())
     got = {(r["arch"], r["pass"], r["kind"] == "layer_norm", r["dtype"], r["io_dtype"],
             r["param_dtype"], r["vec"], r["tpr"], r["items"], r["cluster"]) for r in rows}
-    # (the figures leave the dropout forwards out)
+    # (the figures leave the dropout forwards and the input-gradient backwards out)
     want = {(k.arch, rk.direction, rk.centered, rk.dtype, rk.io, rk.param, rk.vec, rk.tpr,
-             rk.items, rk.cluster) for k, rk in row_kernels() if not rk.dropout}
+             rk.items, rk.cluster) for k, rk in row_kernels()
+            if not rk.dropout and not rk.input_grad}
     assert got == want and len(rows) == len(want)
     for arch in {r["arch"] for r in rows}:
         paths = {(r["pass"], r["kind"], r["dtype"], r["param_dtype"], r["layout"])

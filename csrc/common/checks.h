@@ -210,4 +210,19 @@ inline void check_norm_bwd_args(const at::Tensor& grad_out,
   TORCH_CHECK(centered || !given(bias), "fusednorm: RMSNorm (centered=False) takes no bias");
 }
 
+// norm_bwd's input-gradient arguments: x_dtype, when given, is grad_out's (the add op's
+// input's); the multipliers (check_dropout_args, of the forward's statistics dtype) need it.
+inline void check_norm_bwd_input_grad(const at::Tensor& grad_out, const at::Tensor& input,
+                                      std::optional<at::ScalarType> x_dtype, double dropout_p,
+                                      const std::optional<at::Tensor>& rowscale,
+                                      const std::optional<at::Tensor>& rng_state) {
+  TORCH_CHECK(!x_dtype.has_value() || *x_dtype == grad_out.scalar_type(),
+              "fusednorm: x_dtype must be grad_out's dtype (", grad_out.scalar_type(), "), got ",
+              *x_dtype);
+  TORCH_CHECK(x_dtype.has_value() || (dropout_p == 0.0 && !given(rowscale) && !given(rng_state)),
+              "fusednorm: dropout_p, rowscale and rng_state need x_dtype (they shape grad_x)");
+  check_dropout_args(input.size(0), input.device(), stats_dtype(input.scalar_type()), dropout_p,
+                     rowscale, rng_state);
+}
+
 }  // namespace fusednorm

@@ -255,15 +255,33 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
   return result;
 }
 
-Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at::Tensor& input,
+// The multipliers of the norm_fwd call whose dropout_p, rowscale and rng_state are given
+// (its mask regenerated from rng_state's (seed, offset)).
+template <typename acc_t>
+RowMultipliers<acc_t> saved_multipliers(double dropout_p, const OptTensor& rowscale,
+                                        const OptTensor& rng_state, int64_t N) {
+  RowMultipliers<acc_t> m;
+  m.N = N;
+  m.rowscale = data_or_null<acc_t>(rowscale);
+  if (dropout_p > 0.0) {
+    const int64_t* state = rng_state->const_data_ptr<int64_t>();
+    m.dropout = {static_cast<uint64_t>(state[0]), static_cast<uint64_t>(state[1]),
+                 philox::dropout_threshold(dropout_p), philox::keep_scale(dropout_p)};
+  }
+  return m;
+}
+
+Tensor4 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at::Tensor& input,
                  const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight,
-                 const OptTensor& bias, bool centered) {
+                 const OptTensor& bias, bool centered, std::optional<at::ScalarType> x_dtype,
+                 double dropout_p, const OptTensor& rowscale, const OptTensor& rng_state) {
   check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
+  check_norm_bwd_input_grad(grad_out, input, x_dtype, dropout_p, rowscale, rng_state);
   const int64_t M = input.size(0), N = input.size(1);
   const bool param_grads = given(weight) || given(bias);
   const int64_t blocks = param_grads && M > 0 ? num_row_blocks(M, N) : 0;
   ScratchHandle own_partials;
-  at::Tensor grad_input, grad_weight, grad_bias;
+  at::Tensor grad_input, grad_weight, grad_bias, grad_x;
   // T: the input's (and dx's) type; D: dy's, the norm output's (T's, or 16-bit beside a
   // float32 sum); the parameters follow D.
   const bool wide_input = input.scalar_type() != grad_out.scalar_type();
@@ -287,17 +305,24 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         grad_weight =
             given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
         grad_bias = given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+        // x_dtype is D (check_norm_bwd_input_grad).
+        grad_x = x_dtype ? at::empty_like(grad_out) : at::empty({0}, input.options());
         if (M > 0) {
-          const NormBwdArgs<T, acc_t, D> args{
+          NormBwdArgs<T, acc_t, D> args{
               grad_out.const_data_ptr<D>(), data_or_null<T>(grad_sum),
               input.const_data_ptr<T>(),    centered ? mean.const_data_ptr<acc_t>() : nullptr,
               rstd.const_data_ptr<acc_t>(), params.weight,
               grad_input.mutable_data_ptr<T>(), M, N,
               params_finite<T, acc_t>(params.weight, nullptr, N)};
+          if (x_dtype) {
+            args.dx_input = grad_x.mutable_data_ptr<D>();
+            args.multipliers = saved_multipliers<acc_t>(dropout_p, rowscale, rng_state, N);
+          }
           dispatch_bools(centered, given(weight), [&](auto c, auto w) {
-            dispatch_bool(param_grads, [&](auto grads) {
+            dispatch_bools(param_grads, x_dtype.has_value(), [&](auto grads, auto input_grad) {
               norm_bwd_rows<T, acc_t, decltype(c)::value, decltype(w)::value,
-                            decltype(grads)::value>(args, partial_w, partial_b, blocks);
+                            decltype(grads)::value, decltype(input_grad)::value>(
+                  args, partial_w, partial_b, blocks);
             });
           });
         }
@@ -313,7 +338,7 @@ Tensor3 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         }
        });
       });
-  return {grad_input, grad_weight, grad_bias};
+  return {grad_input, grad_weight, grad_bias, grad_x};
 }
 
 // dropout_scale: the mask of the forward whose rng_state is given, regenerated.
@@ -326,14 +351,8 @@ at::Tensor dropout_scale(const at::Tensor& grad, const OptTensor& rowscale,
     using O = decltype(out_tag);
     using G = decltype(grad_tag);
     using acc_t = acc_type<O>;
-    RowMultipliers<acc_t> m;
-    m.N = N;
-    m.rowscale = data_or_null<acc_t>(rowscale);
-    if (dropout_p > 0.0) {
-      const int64_t* state = rng_state.const_data_ptr<int64_t>();
-      m.dropout = {static_cast<uint64_t>(state[0]), static_cast<uint64_t>(state[1]),
-                   philox::dropout_threshold(dropout_p), philox::keep_scale(dropout_p)};
-    }
+    const RowMultipliers<acc_t> m = saved_multipliers<acc_t>(
+        dropout_p, rowscale, dropout_p > 0.0 ? OptTensor(rng_state) : std::nullopt, N);
     if (M > 0) dropout_scale_rows<G, O, acc_t>(grad.const_data_ptr<G>(),
                                                out.mutable_data_ptr<O>(), M, N, m);
   });

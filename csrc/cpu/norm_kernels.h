@@ -733,6 +733,8 @@ static_assert(StagedTileStream::kMaxRows >= kRowTile);
 // null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
 // partials null without parameter gradients. D: dy's type, T's or float16/bfloat16 beside
 // a float32 T (a float32 sum of residual_dtype, whose norm output has the input's dtype).
+// dx_input (the kInputGrad kernels only): the add ops' input gradient, dx (rounded to T)
+// times the forward's multipliers, rounded once to D (dropout_scale_rows' values).
 template <typename T, typename acc_t, typename D = T>
 struct NormBwdArgs {
   const D* dy;
@@ -744,7 +746,34 @@ struct NormBwdArgs {
   T* dx;
   int64_t M, N;
   bool weight_finite;  // no NaN or infinity in weight (true without one)
+  D* dx_input = nullptr;
+  RowMultipliers<acc_t> multipliers{};  // inactive: m = 1 (dx rounded to D)
 };
+
+// dx_input = round_D(round_T(v) * m) over the columns [i, i + kWidth) of row `row` (a short
+// block: the `count` from i), v the block's unrounded dx: the second pass of
+// dropout_scale_rows done while the row is in registers.
+template <typename T, typename acc_t, bool kPartial, typename D>
+C10_ALWAYS_INLINE void store_input_grad(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
+                                        int64_t i, int64_t count,
+                                        const Vectorized<acc_t>& lo,
+                                        const Vectorized<acc_t>& hi) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t W = VecIO<T, acc_t>::kWidth;
+  constexpr int64_t H = Vec::size();
+  Vec rlo = lo, rhi = hi;
+  if constexpr (!std::is_same_v<T, acc_t>) {  // round to T, as dx holds it
+    alignas(64) T rounded[W];
+    VecIO<T, acc_t>::store(rounded, lo, hi);
+    VecIO<T, acc_t>::load(rounded, rlo, rhi);
+  }
+  alignas(64) acc_t m[W];
+  const int64_t lanes = kPartial ? count : W;  // a tail's W columns all lie in the row
+  a.multipliers.fill(row, i, lanes, a.multipliers.factor(row), m);
+  for (int64_t j = lanes; j < W; ++j) m[j] = acc_t(0);
+  store_block<kPartial, false>(a.dx_input + row * a.N + i, count, rlo * Vec::loadu(m),
+                               rhi * Vec::loadu(m + H));
+}
 
 // Row statistics of a backward tile: the forward's mean and rstd, and row_grad_means.
 template <typename acc_t>
@@ -784,7 +813,7 @@ enum class Block { kFull, kTail, kShort };
 // streaming stores. The rows were just read by row_grad_means: this sweep is served from
 // cache.
 template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeight,
-          bool kParamGrads, bool kNoNaN, Block kBlock, typename D>
+          bool kParamGrads, bool kNoNaN, Block kBlock, bool kInputGrad, typename D>
 C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
                                              const TileStats<acc_t>& s,
                                              T* dx_tile, acc_t* dweight_part,
@@ -871,6 +900,11 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t, D>& a, 
       store_block<kPartial, kNoNaN>(dx + r * N, count, out_lo[r], out_hi[r]);
     }
   }
+  if constexpr (kInputGrad) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      store_input_grad<T, acc_t, kPartial>(a, row + r, i, count, out_lo[r], out_hi[r]);
+    }
+  }
   if constexpr (kParamGrads) {
     if constexpr (kBlock == Block::kTail) {  // the repeated lanes keep the partials they had
       blend_last_lanes(count, pw_in_lo, pw_in_hi, pw_lo, pw_hi);
@@ -886,7 +920,7 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t, D>& a, 
 // a run-time count the compiler kept them on the stack (docs/perf-notes.md, "Code comments:
 // norm_bwd_tile_columns").
 template <typename T, typename acc_t, int64_t kRows, bool kCentered, bool kWeight,
-          bool kParamGrads, bool kNoNaN, typename D>
+          bool kParamGrads, bool kNoNaN, bool kInputGrad, typename D>
 void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
                            const TileStats<acc_t>& s, T* dx_tile, acc_t* dweight_part,
                            acc_t* dbias_part, bool stream, StagedTileStream* staged) {
@@ -900,12 +934,12 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
   // in flight (a tail last loads, in part, what the block just before stored).
   if (vec_end < args.N && vec_end > 0) {
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
-                          Block::kTail>(args, row, stats, dx_tile, dweight_part, dbias_part,
+                          Block::kTail, kInputGrad>(args, row, stats, dx_tile, dweight_part, dbias_part,
                                         args.N - W, args.N - vec_end, stream);
   }
   for (int64_t i = 0; i < vec_end; i += W) {
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
-                          Block::kFull>(args, row, stats, dx_tile, dweight_part, dbias_part,
+                          Block::kFull, kInputGrad>(args, row, stats, dx_tile, dweight_part, dbias_part,
                                         i, W, stream);
     // The staged rows' columns before the last kStagedLagBlocks blocks are final.
     if (staged != nullptr) {
@@ -915,14 +949,14 @@ void norm_bwd_tile_columns(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
   }
   if (vec_end == 0 && args.N > 0) {
     norm_bwd_column_block<T, acc_t, kRows, kCentered, kWeight, kParamGrads, kNoNaN,
-                          Block::kShort>(args, row, stats, dx_tile, dweight_part, dbias_part,
+                          Block::kShort, kInputGrad>(args, row, stats, dx_tile, dweight_part, dbias_part,
                                          0, args.N, stream);
   }
 }
 
 // One backward tile: the row sums of row_grad_means, then dx and the partials.
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads,
-          typename D>
+          bool kInputGrad, typename D>
 void norm_bwd_tile(const NormBwdArgs<T, acc_t, D>& a, int64_t row, int64_t rows,
                    acc_t* dweight_part, acc_t* dbias_part, OutputPath path) {
   const int64_t N = a.N;
@@ -977,10 +1011,12 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t, D>& a, int64_t row, int64_t rows,
   dispatch_bool(no_nan_mask, [&](auto kNoNaN) {
     constexpr bool kNoNaNValue = std::is_same_v<T, c10::BFloat16> && decltype(kNoNaN)::value;
     if (rows == 2) {
-      norm_bwd_tile_columns<T, acc_t, 2, kCentered, kWeight, kParamGrads, kNoNaNValue>(
+      norm_bwd_tile_columns<T, acc_t, 2, kCentered, kWeight, kParamGrads, kNoNaNValue,
+                            kInputGrad>(
           a, row, s, dx_tile, dweight_part, dbias_part, stream, staged_or_null);
     } else {
-      norm_bwd_tile_columns<T, acc_t, 1, kCentered, kWeight, kParamGrads, kNoNaNValue>(
+      norm_bwd_tile_columns<T, acc_t, 1, kCentered, kWeight, kParamGrads, kNoNaNValue,
+                            kInputGrad>(
           a, row, s, dx_tile, dweight_part, dbias_part, stream, staged_or_null);
     }
   });
@@ -988,9 +1024,10 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t, D>& a, int64_t row, int64_t rows,
 }
 
 // dx for all rows, and (kParamGrads) the [blocks, N] dweight/dbias partials of the row
-// blocks of num_row_blocks(M, N), for sum_partials to add up.
+// blocks of num_row_blocks(M, N), for sum_partials to add up. kInputGrad: also a.dx_input,
+// from each dx block while it is in registers.
 template <typename T, typename acc_t, bool kCentered, bool kWeight, bool kParamGrads,
-          typename D>
+          bool kInputGrad = false, typename D>
 void norm_bwd_rows(const NormBwdArgs<T, acc_t, D>& a, acc_t* partial_w, acc_t* partial_b,
                    int64_t blocks) {
   const int64_t M = a.M, N = a.N;
@@ -1001,7 +1038,7 @@ void norm_bwd_rows(const NormBwdArgs<T, acc_t, D>& a, acc_t* partial_w, acc_t* p
   const OutputPath path = output_path(stream, a.dx, N, kRowTile);
   auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
     for (int64_t r = begin; r < end; r += kRowTile) {
-      norm_bwd_tile<T, acc_t, kCentered, kWeight, kParamGrads>(
+      norm_bwd_tile<T, acc_t, kCentered, kWeight, kParamGrads, kInputGrad>(
           a, r, std::min(kRowTile, end - r), pw, pb, path);
     }
     if (stream) streaming_fence();

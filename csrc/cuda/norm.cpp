@@ -118,11 +118,31 @@ NormFwdArgs<T, P, IO> with_multipliers(NormFwdArgs<T, P, IO> args, const Multipl
   return args;
 }
 
+// The backward's entry: with the input's gradient (dx_input) in kernels of their own.
 template <typename T, typename P, typename IO>
 void launch(const NormBwdArgs<T, P, IO>& args, bool centered, Workspace& ws, DeviceInfo dev,
             cudaStream_t stream) {
+  if (args.dx_input != nullptr) {
+    if (centered) return norm_bwd_input_grad_cuda<true>(args, ws, dev, stream);
+    return norm_bwd_input_grad_cuda<false>(args, ws, dev, stream);
+  }
   if (centered) return norm_bwd_cuda<true>(args, ws, dev, stream);
   norm_bwd_cuda<false>(args, ws, dev, stream);
+}
+
+// args with the input gradient grad_x (when given: numel > 0) and the saved multipliers of
+// its forward (rowscale of acc_t; rng_state read by the kernels on the device).
+template <typename T, typename P, typename IO>
+NormBwdArgs<T, P, IO> with_input_grad(NormBwdArgs<T, P, IO> args, const at::Tensor& grad_x,
+                                      double dropout_p, const std::optional<at::Tensor>& rowscale,
+                                      const std::optional<at::Tensor>& rng_state) {
+  if (grad_x.numel() == 0) return args;
+  args.dx_input = grad_x.mutable_data_ptr<IO>();
+  args.rng_state = data_or_null<int64_t>(rng_state);
+  args.threshold = dropout_p > 0.0 ? philox::dropout_threshold(dropout_p) : 0;
+  args.keep_scale = philox::keep_scale(dropout_p);
+  args.rowscale = data_or_null<acc_type_t<T>>(rowscale);
+  return args;
 }
 
 // A float32 residual stream beside 16-bit inputs (sum_dtype; grad_out of a float32 sum): the
@@ -218,13 +238,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
 
 // norm_bwd: input is what was normalized (the sum, with a residual); grad_sum is added to
 // grad_input. For RMSNorm mean is [0] and unused, and there is no bias.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
+// grad_x (x_dtype given): the input's gradient, written by the same kernels (with_input_grad).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_bwd(
     const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_sum,
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    bool centered) {
+    bool centered, std::optional<at::ScalarType> x_dtype, double dropout_p,
+    const std::optional<at::Tensor>& rowscale, const std::optional<at::Tensor>& rng_state) {
   check_on_cuda(input, "input");
   check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
+  check_norm_bwd_input_grad(grad_out, input, x_dtype, dropout_p, rowscale, rng_state);
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   const int64_t M = input.size(0), N = input.size(1);
   at::Tensor grad_input = at::empty_like(input);
@@ -232,13 +255,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
       present(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
   at::Tensor grad_bias =
       present(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+  // x_dtype is grad_out's (check_norm_bwd_input_grad).
+  at::Tensor grad_x = x_dtype ? at::empty_like(grad_out) : at::empty({0}, input.options());
   if (M == 0) {
     // No rows: the parameter gradients are empty sums.
     grad_weight.zero_();
     grad_bias.zero_();
-    return {grad_input, grad_weight, grad_bias};
+    return {grad_input, grad_weight, grad_bias, grad_x};
   }
-  if (N == 0) return {grad_input, grad_weight, grad_bias};
+  if (N == 0) return {grad_input, grad_weight, grad_bias, grad_x};
 
   if (grad_out.scalar_type() != input.scalar_type()) {  // a float sum, 16-bit dy
     const auto w = widened(weight);
@@ -246,41 +271,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
     at::Tensor gb = present(bias) ? at::empty({N}, input.options()) : grad_bias;
     launch_float_sum(grad_out, centered, [&](auto io_tag) {
       using IO = decltype(io_tag);
-      return NormBwdArgs<float, float, IO>{
-          grad_out.const_data_ptr<IO>(),
-          input.const_data_ptr<float>(),
-          centered ? mean.const_data_ptr<float>() : nullptr,
-          rstd.const_data_ptr<float>(),
-          data_or_null<float>(w),
-          grad_input.mutable_data_ptr<float>(),
-          present(weight) ? gw.mutable_data_ptr<float>() : nullptr,
-          present(bias) ? gb.mutable_data_ptr<float>() : nullptr,
-          M,
-          N,
-          data_or_null<float>(grad_sum)};
+      return with_input_grad(
+          NormBwdArgs<float, float, IO>{
+              grad_out.const_data_ptr<IO>(),
+              input.const_data_ptr<float>(),
+              centered ? mean.const_data_ptr<float>() : nullptr,
+              rstd.const_data_ptr<float>(),
+              data_or_null<float>(w),
+              grad_input.mutable_data_ptr<float>(),
+              present(weight) ? gw.mutable_data_ptr<float>() : nullptr,
+              present(bias) ? gb.mutable_data_ptr<float>() : nullptr,
+              M,
+              N,
+              data_or_null<float>(grad_sum)},
+          grad_x, dropout_p, rowscale, rng_state);
     });
     if (present(weight)) grad_weight.copy_(gw);  // one rounding, to the weight's dtype
     if (present(bias)) grad_bias.copy_(gb);
-    return {grad_input, grad_weight, grad_bias};
+    return {grad_input, grad_weight, grad_bias, grad_x};
   }
 
   launch_typed(input, weight, bias, centered, [&](auto input_tag, auto param_tag) {
     using T = decltype(input_tag);
     using P = decltype(param_tag);
-    return NormBwdArgs<T, P>{
-        grad_out.const_data_ptr<T>(),
-        input.const_data_ptr<T>(),
-        centered ? mean.const_data_ptr<acc_type_t<T>>() : nullptr,
-        rstd.const_data_ptr<acc_type_t<T>>(),
-        data_or_null<P>(weight),
-        grad_input.mutable_data_ptr<T>(),
-        present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
-        present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
-        M,
-        N,
-        data_or_null<T>(grad_sum)};
+    return with_input_grad(
+        NormBwdArgs<T, P>{
+            grad_out.const_data_ptr<T>(),
+            input.const_data_ptr<T>(),
+            centered ? mean.const_data_ptr<acc_type_t<T>>() : nullptr,
+            rstd.const_data_ptr<acc_type_t<T>>(),
+            data_or_null<P>(weight),
+            grad_input.mutable_data_ptr<T>(),
+            present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
+            present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
+            M,
+            N,
+            data_or_null<T>(grad_sum)},
+        grad_x, dropout_p, rowscale, rng_state);
   });
-  return {grad_input, grad_weight, grad_bias};
+  return {grad_input, grad_weight, grad_bias, grad_x};
 }
 
 }  // namespace

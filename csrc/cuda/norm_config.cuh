@@ -187,6 +187,17 @@ template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
 constexpr int kBwdMinBlocks =
     std::max(1, kBwdThreadsPerSm<T, VEC, TPR, ITEMS, CLUSTER> / RowLayout<TPR>::kBlock);
 
+// The backward kernels that also write the add ops' input gradient (its multipliers' draws
+// on top): the one-element kernels of 8 items at 512 threads per multiprocessor (128
+// registers), as LayerNorm's spilled at 1024 (64); the others as the plain ones. (16-bit
+// LayerNorm's 16-byte ones take the grad_sum table: norm_bwd_impl.)
+template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
+constexpr int kBwdInputGradMinBlocks =
+    VEC == 1 && ITEMS == 8
+        ? std::max(1, std::min(512, kBwdThreadsPerSm<T, VEC, TPR, ITEMS, CLUSTER>) /
+                          RowLayout<TPR>::kBlock)
+        : kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>;
+
 // Whether a backward kernel adds grad_sum: all RMSNorm kernels; LayerNorm's one-element
 // kernels, those of 4- and 8-byte inputs, and the 16-bit ones of at most 2 packs per
 // thread. In LayerNorm's 16-bit buckets of 4 packs the grad_sum packs (with the dbias sums)

@@ -3,8 +3,9 @@
 // combination into build/ (NORM_INSTANCES there), each defining the three macros below and
 // including this file, so that nvcc compiles them in parallel:
 //   FUSEDNORM_NORM_CENTERED           true (LayerNorm) or false (RMSNorm)
-//   FUSEDNORM_NORM_PASS               fwd, fwd_dropout (the forward with dropout / rowscale)
-//                                     or bwd
+//   FUSEDNORM_NORM_PASS               fwd, fwd_dropout (the forward with dropout / rowscale),
+//                                     bwd or bwd_input_grad (the backward that also writes
+//                                     the add ops' input gradient)
 //   FUSEDNORM_NORM_ONLY_<tag>(...)    for every input tag of FUSEDNORM_CUDA_NORM_DTYPES:
 //                                     its arguments for this file's tag, nothing for the others
 
@@ -15,6 +16,7 @@
 #define FUSEDNORM_NORM_ARGS_fwd NormFwdArgs
 #define FUSEDNORM_NORM_ARGS_fwd_dropout NormFwdArgs
 #define FUSEDNORM_NORM_ARGS_bwd NormBwdArgs
+#define FUSEDNORM_NORM_ARGS_bwd_input_grad NormBwdArgs
 #define FUSEDNORM_NORM_ARGS_(pass) FUSEDNORM_NORM_ARGS_##pass
 #define FUSEDNORM_NORM_ARGS(pass) FUSEDNORM_NORM_ARGS_(pass)
 

@@ -6,10 +6,13 @@
 // backward adds grad_sum to dx before its one rounding). The forward with dropout and
 // rowscale (s = x * m + residual, common/philox.h's mask) is the same code compiled with
 // DROPOUT into kernels of its own (norm_fwd_dropout_kernel), so that the plain ones are
-// untouched. Included by norm_instances.cuh, which setup.py compiles once per kind, pass and
-// input dtype; the entries at the end (norm_fwd_cuda, norm_fwd_dropout_cuda, norm_bwd_cuda)
-// are what those files instantiate. Everything else here has internal linkage: each of those
-// files holds its own copies of what it uses.
+// untouched; likewise the backward that also writes the add ops' input gradient (the sum's
+// gradient dx times the forward's multipliers, rounded to the input's dtype): norm_bwd_kernel
+// with an InputGradParams argument (its trailing pack; empty in the plain kernels).
+// Included by norm_instances.cuh, which setup.py compiles once per kind, pass and input
+// dtype; the entries at the end (norm_fwd_cuda, norm_fwd_dropout_cuda, norm_bwd_cuda,
+// norm_bwd_input_grad_cuda) are what those files instantiate. Everything else here has
+// internal linkage: each of those files holds its own copies of what it uses.
 //
 // Work layout. A row (or, for rows longer than a kernel holds, a chunk of a row) is handled
 // by TPR threads; thread t of a row holds the 16-byte packs t, t + TPR, ..., t + (ITEMS-1)*TPR
@@ -354,16 +357,17 @@ __device__ __forceinline__ uint32_t draw_at(const philox::Block& b, int k) {
 }
 
 // What a kept element of row `row` is multiplied by: keep_scale * rowscale[row], rounded once.
-template <typename acc_t>
-__device__ __forceinline__ acc_t row_factor(const DropoutParams<acc_t>& d, int64_t row) {
+// Multipliers: DropoutParams, or the backward's InputGradParams (the same members).
+template <typename Multipliers>
+__device__ __forceinline__ auto row_factor(const Multipliers& d, int64_t row) {
   return d.rowscale != nullptr ? mul_rn(d.keep_scale, d.rowscale[row]) : d.keep_scale;
 }
 
 // The multipliers m[e] of the elements at + e (flat index row * N + column; `at` a multiple
 // of VEC): f where kept, 0 where dropped. A pack of 4 or 8 elements takes whole blocks of
 // draws; a pack of 1 or 2, its lanes of one block.
-template <int VEC, typename acc_t>
-__device__ __forceinline__ void dropout_multipliers(acc_t (&m)[VEC], const DropoutParams<acc_t>& d,
+template <int VEC, typename acc_t, typename Multipliers>
+__device__ __forceinline__ void dropout_multipliers(acc_t (&m)[VEC], const Multipliers& d,
                                                     PhiloxKey key, int64_t at, acc_t f) {
   const uint64_t first = static_cast<uint64_t>(at);
   if constexpr (VEC % 4 == 0) {
@@ -826,15 +830,46 @@ struct BwdParams {
   int mode;
 };
 
+// The add ops' input gradient beside dx (the instantiations of norm_bwd_kernel that take
+// it; the plain kernels' argument and code stay as they were): dx_input = dx (rounded to T)
+// * m, rounded once to IO, m the multipliers of the forward's dropout (DropoutParams' rule;
+// threshold 0 and no rowscale: m = 1, dx rounded to IO). (seed, offset) are read from
+// rng_state on the device, as dropout_scale does (a CUDA graph replays the forward's).
+template <typename acc_t, typename IO>
+struct InputGradParams {
+  IO* dx_input;
+  const int64_t* rng_state;  // read only when threshold != 0
+  uint64_t threshold;
+  acc_t keep_scale;
+  const acc_t* rowscale;  // nullable: [M]
+};
+
 // At most 128 registers per thread (16 warps per multiprocessor, kBwdMinBlocks): without the
 // bound, the 16-bit buckets with float parameters ran one block of 256 per multiprocessor.
 // CLUSTER: as for the forward kernel; the blocks add their chunks' sums (cluster_sums).
+// InputGrad: empty (the plain kernels), or InputGradParams: then also writes dx_input from
+// each dx pack as it is stored. (A pack, with the body in the kernel: moved into a device
+// function shared by two kernels, the plain kernels' SASS changed.)
+template <typename acc_t, typename IO>
+__device__ __forceinline__ InputGradParams<acc_t, IO> input_grad_or_none() {
+  return {};
+}
+template <typename acc_t, typename IO>
+__device__ __forceinline__ InputGradParams<acc_t, IO> input_grad_or_none(
+    const InputGradParams<acc_t, IO>& ig) {
+  return ig;
+}
+
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
-          bool CENTERED = true, typename IO = T>
+          bool CENTERED = true, typename IO = T, typename... InputGrad>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
-                                  (kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>))
-    norm_bwd_kernel(const BwdParams<T, P, IO> p) {
+                                  (sizeof...(InputGrad) == 0
+                                       ? kBwdMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>
+                                       : kBwdInputGradMinBlocks<T, VEC, TPR, ITEMS, CLUSTER>))
+    norm_bwd_kernel(const BwdParams<T, P, IO> p, InputGrad... input_grad) {
   using acc_t = acc_type_t<T>;
+  constexpr bool INPUT_GRAD = sizeof...(InputGrad) > 0;
+  const InputGradParams<acc_t, IO> ig = input_grad_or_none<acc_t, IO>(input_grad...);
   using Layout = RowLayout<TPR>;
   constexpr int kSums = kBwdSums<CENTERED>;
   __shared__ acc_t red[2][Layout::kRows][kSums * Layout::kWarps];
@@ -852,6 +887,12 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (CLUSTER) __trap();  // as in the forward kernel
 #endif
+  PhiloxKey key{};  // INPUT_GRAD: the forward's (seed, offset)
+  if constexpr (INPUT_GRAD) {
+    if (ig.threshold != 0) {
+      key = {static_cast<uint64_t>(ig.rng_state[0]), static_cast<uint64_t>(ig.rng_state[1])};
+    }
+  }
 
   for (int64_t c = blockIdx.y; c < p.chunks; c += gridDim.y) {
     const int64_t col0 = c * p.chunk;
@@ -888,6 +929,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       const int64_t base = (row_ok ? row * p.N : 0) + col0;
       const T* x = p.x + base;
       const IO* dy = p.dy + base;
+      acc_t factor = 0;  // INPUT_GRAD: what a kept element of the row is multiplied by
+      if constexpr (INPUT_GRAD) {
+        if (row_ok) factor = row_factor(ig, row);
+      }
 
       Pack<T, VEC> xs[ITEMS];
       Pack<IO, VEC> dys[ITEMS];
@@ -996,6 +1041,16 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
             apply([](int, acc_t d) { return d; });
           }
           store_pack<VEC>(p.dx + base + off, out);
+          if constexpr (INPUT_GRAD) {
+            acc_t m[VEC];
+            dropout_multipliers<VEC>(m, ig, key, base + off, factor);
+            Pack<IO, VEC> dx_input;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              dx_input.v[e] = static_cast<IO>(mul_rn(pack_acc(out, e), m[e]));
+            }
+            store_pack<VEC>(ig.dx_input + base + off, dx_input);
+          }
         }
       }
     }
@@ -1295,21 +1350,42 @@ void norm_fwd_impl(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev
   }
 }
 
+// The backward kernel of a bucket: norm_bwd_kernel, with INPUT_GRAD its instantiation that
+// takes InputGradParams after p. (Cast to the kernel's type: a trailing pack named
+// explicitly may still grow by deduction, so the bare name is not one function.)
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER, bool CENTERED,
+          typename IO, bool INPUT_GRAD>
+constexpr auto bwd_kernel() {
+  using Params = BwdParams<T, P, IO>;
+  if constexpr (INPUT_GRAD) {
+    using Extra = InputGradParams<acc_type_t<T>, IO>;
+    return static_cast<void (*)(Params, Extra)>(
+        norm_bwd_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO, Extra>);
+  } else {
+    return static_cast<void (*)(Params)>(
+        norm_bwd_kernel<T, P, VEC, TPR, ITEMS, CLUSTER, CENTERED, IO>);
+  }
+}
+
 // How many clusters of p.chunks blocks the chunked backward's clustered launch may use (as
 // try_launch_fwd_cluster), 0 where it cannot run in clusters. Asked before the launch: the
 // parameter-gradient partials take one row per block of grid.x.
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, bool INPUT_GRAD,
+          typename IO>
 int bwd_resident_clusters(const BwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
-  constexpr auto kernel = norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>;
+  constexpr auto kernel = bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, INPUT_GRAD>();
   if (grid.y != p.chunks) return 0;
   return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), dev.index, cache);
 }
 
-template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, typename IO>
-void launch_bwd_cluster(const BwdParams<T, P, IO>& p, dim3 grid, cudaStream_t stream) {
-  launch_cluster_kernel(norm_bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO>, grid,
-                        RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p);
+// extra: as launch_rows.
+template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, bool INPUT_GRAD,
+          typename IO, typename... Extra>
+void launch_bwd_cluster(const BwdParams<T, P, IO>& p, dim3 grid, cudaStream_t stream,
+                        const Extra&... extra) {
+  launch_cluster_kernel(bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, INPUT_GRAD>(), grid,
+                        RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1333,9 +1409,20 @@ void launch_sum_partial_rows(const acc_t* part, int64_t rows, int64_t width, int
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename P, int VEC, typename Table, bool CENTERED, typename IO>
+template <typename T, typename P, int VEC, typename Table, bool CENTERED, bool INPUT_GRAD,
+          typename IO>
 void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cudaStream_t stream) {
   using acc_t = acc_type_t<T>;
+  const InputGradParams<acc_t, IO> ig{a.dx_input, a.rng_state, a.threshold,
+                                      static_cast<acc_t>(a.keep_scale), a.rowscale};
+  // fn(the row kernels' arguments after p): ig for the input-gradient kernels, none otherwise.
+  const auto with_extra = [&](const auto& fn) {
+    if constexpr (INPUT_GRAD) {
+      return fn(ig);
+    } else {
+      return fn();
+    }
+  };
   const RowSplit split = split_row<Table>(a.N, VEC);
   BwdParams<T, P, IO> p{.dy = a.dy, .x = a.x, .mean = a.mean, .rstd = a.rstd,
                         .weight = a.weight, .grad_sum = a.grad_sum, .dx = a.dx, .M = a.M,
@@ -1343,15 +1430,19 @@ void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
   visit_bucket<Table>(split.bucket, [&](auto tpr, auto items) {
     constexpr int kTpr = decltype(tpr)::value;
     constexpr int kItems = decltype(items)::value;
-    constexpr auto kernel = norm_bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO>;
+    constexpr auto kernel = bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, INPUT_GRAD>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
+    const auto launch = [&] {
+      with_extra([&](const auto&... extra) { launch_rows<kTpr>(kernel, p, grid, stream, extra...); });
+    };
     // Chunked rows run in one clustered launch where possible (see run_fwd: only the
     // largest bucket chunks), of at most as many clusters as fit at once.
     bool clustered = false;
     if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
       if (split.chunks > 1) {
-        const int clusters = bwd_resident_clusters<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, dev);
+        const int clusters =
+            bwd_resident_clusters<T, P, VEC, kTpr, kItems, CENTERED, INPUT_GRAD>(p, grid, dev);
         clustered = clusters > 0;
         if (clustered) grid.x = std::min(grid.x, unsigned(clusters));
       }
@@ -1371,7 +1462,10 @@ void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     bool launched = false;
     if constexpr (int64_t(kTpr) * kItems == bucket_capacity<Table>(kNumBuckets<Table> - 1)) {
       if (clustered) {
-        launch_bwd_cluster<T, P, VEC, kTpr, kItems, CENTERED>(p, grid, stream);
+        with_extra([&](const auto&... extra) {
+          launch_bwd_cluster<T, P, VEC, kTpr, kItems, CENTERED, INPUT_GRAD>(p, grid, stream,
+                                                                             extra...);
+        });
         launched = true;
       }
     }
@@ -1383,13 +1477,13 @@ void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
           ws.allocate(a.M * split.chunks * kSums * int64_t(sizeof(acc_t))));
       acc_t* row_coef = static_cast<acc_t*>(ws.allocate(a.M * kSums * int64_t(sizeof(acc_t))));
       p.mode = kPartial;
-      launch_rows<kTpr>(kernel, p, grid, stream);
+      launch();
       launch_merge_sums<CENTERED>(p, row_coef, dev, stream);
       p.row_coef = row_coef;
       p.mode = kApply;
       std::tie(p.dweight_part, p.dbias_part) = param_parts;
     }
-    if (!launched) launch_rows<kTpr>(kernel, p, grid, stream);
+    if (!launched) launch();
     if (grads > 0) {
       // Columns [0, N) go to the first gradient present, [N, 2N) to dbias.
       P* first = a.dweight != nullptr ? a.dweight : a.dbias;
@@ -1408,23 +1502,28 @@ constexpr bool adds_grad_sum() {
 }
 
 // The backward of LayerNorm (CENTERED) or RMSNorm (then a.mean and a.dbias are unused).
-template <bool CENTERED, typename T, typename P, typename IO>
+// INPUT_GRAD: also the input's gradient of a's input-gradient members (NormBwdArgs).
+template <bool CENTERED, bool INPUT_GRAD = false, typename T, typename P, typename IO>
 void norm_bwd_impl(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   // M == 0 (gradients are zeros) and N == 0 (nothing to compute) are settled by the caller.
   if (a.M == 0 || a.N == 0) return;
   const bool vectorized = a.N % kVec<T> == 0 && is_16b_aligned(a.x) && is_16b_aligned(a.dy) &&
                           is_16b_aligned(a.dx) && is_16b_aligned(a.weight) &&
-                          is_16b_aligned(a.grad_sum);
+                          is_16b_aligned(a.grad_sum) && is_16b_aligned(a.dx_input);
   static_assert(adds_grad_sum<BwdVecBucketsGradSum<T>, CENTERED, T, kVec<T>>() &&
                 adds_grad_sum<BwdScalarBuckets, CENTERED, T, 1>());
-  if (vectorized && CENTERED && a.grad_sum != nullptr) {
-    run_bwd<T, P, kVec<T>, BwdVecBucketsGradSum<T>, CENTERED>(a, ws, dev, stream);
+  // 16-bit LayerNorm's input-gradient kernels take the grad_sum table too (at most 2 packs
+  // per thread): its buckets of 4 packs spilled at 128 registers with the multipliers.
+  if (vectorized && CENTERED && (a.grad_sum != nullptr || INPUT_GRAD)) {
+    run_bwd<T, P, kVec<T>, BwdVecBucketsGradSum<T>, CENTERED, INPUT_GRAD>(a, ws, dev, stream);
   } else if (vectorized) {
     static_assert(CENTERED || adds_grad_sum<BwdVecBuckets<T>, CENTERED, T, kVec<T>>());
-    run_bwd<T, P, kVec<T>, BwdVecBuckets<T>, CENTERED>(a, ws, dev, stream);
+    if constexpr (!(CENTERED && INPUT_GRAD)) {  // (those took the branch above)
+      run_bwd<T, P, kVec<T>, BwdVecBuckets<T>, CENTERED, INPUT_GRAD>(a, ws, dev, stream);
+    }
   } else {
-    run_bwd<T, P, 1, BwdScalarBuckets, CENTERED>(a, ws, dev, stream);
+    run_bwd<T, P, 1, BwdScalarBuckets, CENTERED, INPUT_GRAD>(a, ws, dev, stream);
   }
 }
 
@@ -1447,6 +1546,12 @@ template <bool CENTERED, typename T, typename P, typename IO>
 void norm_bwd_cuda(const NormBwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
                    cudaStream_t stream) {
   norm_bwd_impl<CENTERED>(args, ws, dev, stream);
+}
+
+template <bool CENTERED, typename T, typename P, typename IO>
+void norm_bwd_input_grad_cuda(const NormBwdArgs<T, P, IO>& args, Workspace& ws, DeviceInfo dev,
+                              cudaStream_t stream) {
+  norm_bwd_impl<CENTERED, true>(args, ws, dev, stream);
 }
 
 }  // namespace fusednorm::cuda

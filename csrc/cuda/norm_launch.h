@@ -92,6 +92,10 @@ struct NormFwdArgs {
 // dbias != nullptr (LayerNorm only). weight may be null (then dy is not scaled). mean is
 // unused (may be null) for RMSNorm. grad_sum, when set, is added to dx before its rounding.
 // dy is of IO (the forward's y: T's, or 16-bit beside a float T).
+// norm_bwd_input_grad_cuda also writes the add ops' input gradient (the trailing members):
+// dx_input = dx (rounded to T) * m rounded once to IO, m the multipliers of the forward's
+// dropout (NormFwdArgs' rule) with (seed, offset) read from rng_state on the device;
+// threshold 0 (rng_state unread, may be null) and no rowscale: m = 1, dx rounded to IO.
 template <typename T, typename P, typename IO = T>
 struct NormBwdArgs {
   const IO* dy;
@@ -105,6 +109,11 @@ struct NormBwdArgs {
   int64_t M;
   int64_t N;
   const T* grad_sum = nullptr;
+  IO* dx_input = nullptr;
+  const int64_t* rng_state = nullptr;
+  uint64_t threshold = 0;
+  double keep_scale = 1.0;
+  const acc_type_t<T>* rowscale = nullptr;
 };
 
 // The entries into the kernels (norm_kernels.cuh): LayerNorm when CENTERED, else RMSNorm
@@ -113,11 +122,16 @@ struct NormBwdArgs {
 // by norm_instances.cuh. norm_fwd_cuda ignores the dropout members of NormFwdArgs;
 // norm_fwd_dropout_cuda (a residual, and a threshold or a rowscale) applies them: its own
 // kernels, compiled in their own files, so that the plain ones stay as they were.
+// norm_bwd_cuda ignores the input-gradient members of NormBwdArgs; norm_bwd_input_grad_cuda
+// (dx_input set) writes it, likewise from kernels of its own.
 template <bool CENTERED, typename T, typename P, typename IO = T>
 void norm_fwd_cuda(const NormFwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
 template <bool CENTERED, typename T, typename P, typename IO = T>
 void norm_fwd_dropout_cuda(const NormFwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
 template <bool CENTERED, typename T, typename P, typename IO = T>
 void norm_bwd_cuda(const NormBwdArgs<T, P, IO>&, Workspace&, DeviceInfo, cudaStream_t);
+template <bool CENTERED, typename T, typename P, typename IO = T>
+void norm_bwd_input_grad_cuda(const NormBwdArgs<T, P, IO>&, Workspace&, DeviceInfo,
+                              cudaStream_t);
 
 }  // namespace fusednorm::cuda

@@ -99,9 +99,10 @@ struct BlockBackward : public SavedListNode {
         grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(), bias1.defined(),
         bias2.defined(), approximate_);
     normed.reset();  // free it before the LayerNorm backward allocates
-    auto [grad_x, grad_ln_w, grad_ln_b] =
+    auto [grad_x, grad_ln_w, grad_ln_b, unused] =
         row_ops::norm_bwd().call(grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b,
-                                 /*centered=*/true);
+                                 /*centered=*/true, std::nullopt, 0.0, std::nullopt,
+                                 std::nullopt);
     const at::Tensor grad_input = shaped_like(at::add(grad_x, grad_rows), input.sizes());  // + the residual's
     return {grad_input,
             ln_weight.defined() ? grad_ln_w.view(ln_weight.sizes()) : at::Tensor(),

@@ -294,28 +294,34 @@ struct NormBackward : public torch::autograd::Node {
     const at::Tensor dy = grad_out.defined()
                               ? as_rows(grad_out, dims_)
                               : at::zeros_like(x, x.options().dtype(input_type_));  // sum alone
-    at::Tensor grad_input, grad_weight, grad_bias;
+    at::Tensor grad_input, grad_weight, grad_bias, grad_x;
     // Grad mode is off here: straight to the backend kernel. Through the Autograd key the
     // backend op (which has no autograd kernel) would take the boxed not-implemented
     // fallback: about 3 us of a 4x64 LayerNorm forward+backward.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const OptTensor ds = grad_sum.defined() ? OptTensor(as_rows(grad_sum, dims_)) : std::nullopt;
-    std::tie(grad_input, grad_weight, grad_bias) = row_ops::norm_bwd().call(
-        dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered);
-    // d(input + residual) / d residual = 1. With a wider sum (residual_dtype) the kernel's
-    // gradient has the sum's dtype, and is rounded once here to the input's (and to a
-    // residual's of the input's dtype): one more pass, as the backend's dx has one dtype.
-    // With dropout / rowscale, the input's is the sum's times the multipliers, formed
-    // (and rounded to the input's dtype) in that pass.
-    if (dropout_active_) {
-      result[0] = shaped_like(
-          row_ops::dropout_scale().call(grad_input, rowscale_rows(dropout.rowscale, normed_input),
-                                        rng_state_.unpack(), dropout_p_, input_type_),
-          normed_input.sizes());
-    }
+    // d(input + residual) / d residual = 1. The input's gradient differs from the sum's
+    // (grad_input) with a wider sum (residual_dtype: rounded once to the input's dtype) and
+    // with dropout / rowscale (times the forward's multipliers, its mask regenerated): the
+    // backend writes it as grad_x in the same pass over the rows (x_dtype asks for it).
+    const bool own_input_grad = dropout_active_ || input_type_ != sum_type_;
+    const double p = dropout_active_ ? dropout_p_ : 0.0;
+    std::tie(grad_input, grad_weight, grad_bias, grad_x) = row_ops::norm_bwd().call(
+        dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered,
+        own_input_grad ? OptDtype(input_type_) : std::nullopt, p,
+        dropout_active_ ? rowscale_rows(dropout.rowscale, normed_input) : std::nullopt,
+        p > 0.0 ? OptTensor(rng_state_.unpack()) : std::nullopt);
     grad_input = shaped_like(grad_input, normed_input.sizes());
-    if (!dropout_active_) result[0] = grad_input.to(input_type_);
-    if (kind_.residual) result[1] = grad_input.to(residual_type_);
+    result[0] = own_input_grad ? shaped_like(grad_x, normed_input.sizes()) : grad_input;
+    if (kind_.residual) {
+      // The residual's: the sum's, in the residual's dtype (rounded once: that of a 16-bit
+      // residual beside a wider sum is the input's gradient itself when no multiplier
+      // applies, a pass saved).
+      const bool same_as_input = !dropout_active_ && residual_type_ == input_type_;
+      result[1] = residual_type_ == sum_type_ ? grad_input
+                  : same_as_input            ? result[0]
+                                             : grad_input.to(residual_type_);
+    }
     if (weight.defined()) result[2] = grad_weight.view(weight.sizes());
     if (bias.defined()) result[3] = grad_bias.view(bias.sizes());
     return result;

@@ -18,11 +18,13 @@ def _norm_fwd_fake(input, residual, weight, bias, eps, centered, sum_dtype=None,
 
 
 @register_fake("norm_bwd")
-def _norm_bwd_fake(grad_out, grad_sum, input, mean, rstd, weight, bias, centered):
+def _norm_bwd_fake(grad_out, grad_sum, input, mean, rstd, weight, bias, centered, x_dtype=None,
+                   dropout_p=0.0, rowscale=None, rng_state=None):
     cols = input.shape[1]
     grad_weight = weight.new_empty((cols,)) if weight is not None else input.new_empty((0,))
     grad_bias = bias.new_empty((cols,)) if bias is not None else input.new_empty((0,))
-    return torch.empty_like(input), grad_weight, grad_bias
+    grad_x = torch.empty_like(grad_out) if x_dtype is not None else input.new_empty((0,))
+    return torch.empty_like(input), grad_weight, grad_bias, grad_x
 
 
 @register_fake("dropout_scale")

@@ -5,7 +5,7 @@
 //
 //   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
 //            [clusters[=K]] [rms] [res | resmis] [outlier] [far] [wide] [narrow]
-//            [drop=P] [rowscale] [captured]
+//            [drop=P] [rowscale] [captured] [xgrad]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -33,6 +33,10 @@
 // drop=P / rowscale (forward with res): s = x * m + residual with common/philox.h's
 // multipliers (norm_fwd_dropout_cuda), the sum exact against the rule computed here and
 // rng_state checked; captured: the generator's state as pointers (CUDA-graph capture).
+// xgrad (backward; needed by drop=P / rowscale there): norm_bwd_input_grad_cuda's kernels,
+// which also write the add ops' input gradient dx_input (IO, placed like dy): dx as written
+// times the multipliers (drop=P / rowscale; else 1), rounded once to IO, exact against the
+// value computed here from the dx the kernels wrote (which is checked as before).
 // dscale: dropout_scale.cuh's kernel, out of T from grad of P (T's, or f32 beside 16-bit T),
 // grad / out x_misalign / p_misalign bytes off, with drop=P / rowscale; affine ignored. Prints
 // "ok <case> | launches L cluster-blocks B clustered C" (the kernel launches the case made,
@@ -108,6 +112,7 @@ struct Case {
   double drop = 0;        // dropout_p (drop=P; with res)
   bool rowscale = false;  // a rowscale (with res)
   bool captured = false;  // the generator's state as a CUDA graph capture leaves it
+  bool xgrad = false;     // backward: also the input gradient (norm_bwd_input_grad_cuda)
   bool multiplied() const { return drop > 0 || rowscale; }
 };
 
@@ -388,14 +393,30 @@ std::string run_bwd(const Case& c) {
                       rstd.as<acc_t>(), has_w ? w.as<P>() : nullptr, dx.as<T>(),
                       has_w ? dw.as<P>() : nullptr, has_b ? db.as<P>() : nullptr, c.M, c.N,
                       c.residual ? gsum.as<T>() : nullptr};
+  // xgrad: the input gradient, placed like dy; (seed, offset) read from rng_state.
+  const Key key = make_key(c);
+  const std::vector<double> rowscale = make_rowscale(c);
+  Buffer dx_input = Buffer::make(std::max<std::size_t>(d.x.size(), 1) * sizeof(IO),
+                                 std::size_t(c.x_misalign));
+  Buffer rs_buf = upload<acc_t>(rowscale, 0), rng_state = Buffer::make(2 * sizeof(int64_t));
+  rng_state.as<int64_t>()[0] = static_cast<int64_t>(key.seed);
+  rng_state.as<int64_t>()[1] = static_cast<int64_t>(key.offset);
+  if (c.xgrad) {
+    a.dx_input = dx_input.as<IO>();
+    a.rng_state = c.drop > 0 ? rng_state.as<int64_t>() : nullptr;
+    a.threshold = fusednorm::philox::dropout_threshold(c.drop);
+    a.keep_scale = fusednorm::philox::keep_scale(c.drop);
+    a.rowscale = c.rowscale ? rs_buf.as<acc_t>() : nullptr;
+  }
   GuardedWorkspace ws;
+  const DeviceInfo dev{0, emu::config().sm_count};
   if (c.centered) {
-    norm_bwd_impl<true>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    c.xgrad ? norm_bwd_impl<true, true>(a, ws, dev, nullptr) : norm_bwd_impl<true>(a, ws, dev, nullptr);
   } else {
-    norm_bwd_impl<false>(a, ws, DeviceInfo{0, emu::config().sm_count}, nullptr);
+    c.xgrad ? norm_bwd_impl<false, true>(a, ws, dev, nullptr) : norm_bwd_impl<false>(a, ws, dev, nullptr);
   }
   ws.check();
-  for (const Buffer* buf : {&x, &dy, &w, &mean, &rstd, &gsum, &dx, &dw, &db}) buf->check_canary("an argument");
+  for (const Buffer* buf : {&x, &dy, &w, &mean, &rstd, &gsum, &dx, &dw, &db, &dx_input, &rs_buf, &rng_state}) buf->check_canary("an argument");
 
   std::vector<double> ref_dx(d.x.size()), dx_scale(d.x.size());
   std::vector<double> ref_dw(std::size_t(c.N), 0), ref_db(std::size_t(c.N), 0);
@@ -430,6 +451,16 @@ std::string run_bwd(const Case& c) {
   if (compare<T>("dx", dx, ref_dx, [&](std::size_t i) { return 2 * unit_roundoff<T>() * std::abs(ref_dx[i]) + subnormal_step<T>() + tol * dx_scale[i]; }, why)) return why;
   if (has_w && compare<P>("dweight", dw, ref_dw, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_dw[j]) + subnormal_step<P>() + tol * dw_scale[j]; }, why)) return why;
   if (has_b && compare<P>("dbias", db, ref_db, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_db[j]) + subnormal_step<P>() + tol * db_scale[j]; }, why)) return why;
+  if (c.xgrad) {
+    // The host's value of dropout_scale's rule on the dx the kernels wrote: exact.
+    const std::vector<acc_t> m = reference_multipliers<acc_t>(c.M, c.N, c.drop, key,
+                                                              c.rowscale ? &rowscale : nullptr);
+    std::vector<double> ref_in(d.x.size());
+    for (std::size_t i = 0; i < ref_in.size(); ++i) {
+      ref_in[i] = double(static_cast<IO>(acc_t(dx.as<T>()[i]) * m[i]));
+    }
+    if (compare<IO>("dx_input", dx_input, ref_in, [](std::size_t) { return 0.0; }, why)) return why;
+  }
   return "";
 }
 
@@ -532,6 +563,8 @@ int main() {
         c.rowscale = true;
       } else if (extra == "captured") {
         c.captured = true;
+      } else if (extra == "xgrad") {
+        c.xgrad = true;
       } else if (extra == "resmis") {
         c.residual = true;
         c.r_misalign = -1;  // one element of T, set below
@@ -555,7 +588,8 @@ int main() {
                              (c.wide && c.pass == "fwd" && !c.residual) ||
                              (c.narrow && (!c.wide || !c.residual || c.pass != "fwd")) ||
                              (c.multiplied() && c.pass == "fwd" && !c.residual) ||
-                             (c.multiplied() && c.pass == "bwd") ||
+                             (c.multiplied() && c.pass == "bwd" && !c.xgrad) ||
+                             (c.xgrad && c.pass != "bwd") ||
                              (c.pass == "dscale" && (c.residual || c.wide)) ||
                              c.drop < 0 || c.drop > 1;
     emu::config().sm_count = sms;
