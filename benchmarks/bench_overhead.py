@@ -5,7 +5,9 @@ nothing: what Python, argument checks, dispatch and autograd bookkeeping cost pe
     python -m benchmarks.bench_overhead [--device cpu] [--quick] ...
 
 Three cases each: forward without grad, forward with inputs that require grad (the graph
-is recorded), forward+backward. CPU: one thread. CUDA: tiny CUDA tensors, wall time of
+is recorded), forward+backward (the add ops: both outputs get a gradient, as the norm's
+output and the residual stream do in a model); the add ops' variants (a float32 residual
+stream, dropout) forward+backward only. CPU: one thread. CUDA: tiny CUDA tensors, wall time of
 many calls with one synchronisation at the end of each round (the launches are
 asynchronous, so this is the host's time as long as the GPU keeps up, which it does on
 tensors this small). fusednorm and torch alternate round by round; the figure is the
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks import availability, busy, cli, harness, plotting, report, stamp
+from benchmarks.norm_variants import DROPOUT, FP32_RESIDUAL, PLAIN, Variant
 
 fusednorm = availability.import_fusednorm()
 
@@ -40,13 +43,15 @@ ROWS, D, HIDDEN = 4, 64, 256
 @dataclass
 class Api:
     """One public function or module and the PyTorch code it replaces, each a callable of
-    x; params are what requires grad besides x in the grad cases."""
+    x (giving a tensor, or the add ops' (out, sum)); params are what requires grad besides x
+    in the grad cases (the add ops' residual among them)."""
 
     name: str
-    fused: Callable[[torch.Tensor], torch.Tensor]
-    torch: Callable[[torch.Tensor], torch.Tensor]
+    fused: Callable[[torch.Tensor], object]
+    torch: Callable[[torch.Tensor], object]
     params: list[torch.Tensor]
     dtype: torch.dtype = torch.float32  # of x
+    cases: tuple[str, ...] = CASES
 
 
 class _EagerBlock(nn.Module):
@@ -58,6 +63,73 @@ class _EagerBlock(nn.Module):
 
     def forward(self, x):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class _EagerAddNorm(nn.Module):
+    """s = input + residual, then the norm module: what FusedAddLayerNorm / FusedAddRMSNorm
+    replace."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x, r):
+        s = x + r
+        return self.norm(s), s
+
+
+def _eager_add(norm: Callable, variant: Variant) -> Callable:
+    """(x, r) -> (norm(s), s) as eager code writes the add op's variant with the fewest ops:
+    s = x + r (a float32 r promotes it: the float32 stream), F.dropout(x, p) first with
+    dropout, the norm's output rounded to x's dtype where s is wider."""
+    if variant.random:
+        def add(x, r):
+            s = F.dropout(x, variant.dropout_p) + r
+            return norm(s), s
+    elif variant.residual_dtype is not None:
+        def add(x, r):
+            s = x + r
+            return norm(s).to(x.dtype), s
+    else:
+        def add(x, r):
+            s = x + r
+            return norm(s), s
+    return add
+
+
+def _add_apis(device: torch.device) -> list[Api]:
+    """The add ops, their modules and their variants (a float32 residual stream beside
+    bfloat16 x, dropout: forward+backward only), each against x + r then the norm."""
+    kw = dict(device=device)
+    w, b = torch.randn(D, **kw), torch.randn(D, **kw)
+    ln = lambda s: F.layer_norm(s, (D,), w, b)  # noqa: E731
+    rms = lambda s: F.rms_norm(s, (D,), w)  # noqa: E731
+    fused = {"add_layer_norm": lambda x, r, **kwargs: fusednorm.add_layer_norm(
+                 x, r, (D,), w, b, **kwargs),
+             "add_rms_norm": lambda x, r, **kwargs: fusednorm.add_rms_norm(
+                 x, r, (D,), w, **kwargs)}
+    norms = {"add_layer_norm": (ln, [w, b]), "add_rms_norm": (rms, [w])}
+    found = []
+    for variant, x_dtype, cases in ((PLAIN, torch.float32, CASES),
+                                    (FP32_RESIDUAL, torch.bfloat16, CASES[-1:]),
+                                    (DROPOUT, torch.float32, CASES[-1:])):
+        r = torch.randn(ROWS, D, device=device, dtype=variant.sum_dtype(x_dtype))
+        options = variant.fused_kwargs(None)
+        for name, (norm, params) in norms.items():
+            op, eager = fused[name], _eager_add(norm, variant)
+            found.append(Api(name if variant is PLAIN else f"{name} {variant.name}",
+                             lambda x, op=op, r=r: op(x, r, **options),
+                             lambda x, eager=eager, r=r: eager(x, r), [r, *params],
+                             x_dtype, cases))
+    r = torch.randn(ROWS, D, **kw)
+    for fused_class, eager_class in ((fusednorm.FusedAddLayerNorm, nn.LayerNorm),
+                                     (fusednorm.FusedAddRMSNorm, nn.RMSNorm)):
+        module, eager = fused_class(D, **kw), _EagerAddNorm(eager_class(D, **kw))
+        eager.norm.load_state_dict(module.state_dict())
+        found.append(Api(fused_class.__name__, lambda x, m=module, r=r: m(x, r),
+                         lambda x, m=eager, r=r: m(x, r),
+                         [r, *module.parameters(), *eager.parameters()]))
+    return found
 
 
 def apis(device: torch.device) -> list[Api]:
@@ -81,6 +153,9 @@ def apis(device: torch.device) -> list[Api]:
         Api("layer_norm bfloat16", lambda x: fusednorm.layer_norm(x, (D,), w16, b16),
             lambda x: F.layer_norm(x, (D,), w16, b16), [w16, b16], torch.bfloat16),
         Api("FusedLayerNorm", fused_norm, norm, [*norm.parameters(), *fused_norm.parameters()]),
+        Api("rms_norm", lambda x: fusednorm.rms_norm(x, (D,), w),
+            lambda x: F.rms_norm(x, (D,), w), [w]),
+        *_add_apis(device),
         Api("gelu_ffn", lambda x: fusednorm.gelu_ffn(x, *ffn_params),
             lambda x: F.linear(F.gelu(F.linear(x, *ffn_params[:2])), *ffn_params[2:]),
             ffn_params),
@@ -98,7 +173,12 @@ def _call(case: str, fn, x: torch.Tensor, dy: torch.Tensor) -> Callable[[], obje
         return run
     if case == "fwd (grad)":
         return lambda: fn(x)
-    return lambda: torch.autograd.backward(fn(x), dy)
+    outputs = fn(x)
+    if isinstance(outputs, torch.Tensor):
+        return lambda: torch.autograd.backward(fn(x), dy)
+    # (out, sum): a gradient for each, of its dtype (a float32 stream's sum is float32).
+    grads = [dy.to(out.dtype) for out in outputs]
+    return lambda: torch.autograd.backward(fn(x), grads)
 
 
 def _round_us(fn: Callable[[], object], calls: int, device: torch.device) -> float:
@@ -145,7 +225,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
         for api in apis(device):
             x = torch.randn(ROWS, D, device=device, dtype=api.dtype)
             dy = torch.randn(ROWS, D, device=device, dtype=api.dtype)
-            for case in CASES:
+            for case in api.cases:
                 grad = case != "fwd (no grad)"
                 for p in api.params:
                     p.requires_grad_(grad)
@@ -153,7 +233,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
                 ours, theirs = measure(_call(case, api.fused, xg, dy),
                                        _call(case, api.torch, xg, dy), device, rounds, calls)
                 rows += [_row(api.name, case, "fusednorm", ours), _row(api.name, case, "torch", theirs)]
-                print(f"[{SUITE}] {api.name:22s} {case:14s} fusednorm {rows[-2]['us']:8.2f} us"
+                print(f"[{SUITE}] {api.name:30s} {case:14s} fusednorm {rows[-2]['us']:8.2f} us"
                       f"  torch {rows[-1]['us']:8.2f} us", file=sys.stderr)
     finally:
         torch.set_num_threads(threads)
@@ -165,7 +245,9 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     if warning:
         print(f"[{SUITE}] warning: {warning}", file=sys.stderr)
     notes.append(
-        f"Host µs per call on {ROWS}x{D} inputs (FFN hidden {HIDDEN}), float32 unless the api names its dtype, "
+        f"Host µs per call on {ROWS}x{D} inputs (FFN hidden {HIDDEN}), float32 unless the api names its dtype "
+        f"({FP32_RESIDUAL.name}: bfloat16 x, float32 residual and sum; {DROPOUT.name}: "
+        f"dropout_p={DROPOUT.dropout_p}), "
         + ("one CPU thread" if device.type == "cpu" else "CUDA, wall time with a sync per round")
         + f"; median of {rounds} rounds of {calls} calls alternating fusednorm/torch. "
         "× torch = fusednorm's time over PyTorch's (lower is better; the target is ≤ 1.0: a "
