@@ -167,16 +167,22 @@ def _rms_norm(s, w):
     return F.rms_norm(s, s.shape[-1:], w, EPS)
 
 
+# Liger's arguments, named (Function.apply takes them by position): offset 0 and casting
+# "llama" (the norm in float32, the normalized rows rounded to x's dtype before the weight's
+# product), its defaults; in_place=False, which is not LigerRMSNormFunction's default: in
+# place, the backward writes dx into the dy it is given, the benchmark's input set, which
+# every call must find as it was.
+LIGER_OPTIONS = (0.0, "llama", False)
+
+
 def _liger_rms(function, x, r, w):
-    return function.apply(x, w, EPS)
+    # LigerRMSNormFunction(X, W, eps, offset, casting_mode, in_place, row_mode=None).
+    return function.apply(x, w, EPS, *LIGER_OPTIONS)
 
 
 def _liger_add_rms(function, x, r, w):
-    # (y, s). Liger's defaults (its function's and its module's), named: offset 0; casting
-    # "llama" (the norm in float32, the normalized rows rounded to x's dtype before the
-    # weight's product); in_place=False (in place, its backward writes dx into the dy it is
-    # given, the benchmark's input set, which every call must find as it was).
-    return function.apply(x, r, w, EPS, 0.0, "llama", False)
+    # (y, s). LigerFusedAddRMSNormFunction(X, R, W, eps, offset, casting_mode, in_place).
+    return function.apply(x, r, w, EPS, *LIGER_OPTIONS)
 
 
 RMS_NORM = NormSuite(

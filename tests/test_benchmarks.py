@@ -446,6 +446,56 @@ def test_liger_add_rms_norm_is_timed_on_plain_cases_only_and_absent_without_lige
     assert stub.calls and set(stub.calls) == {(family.EPS, 0.0, "llama", False)}
 
 
+class _LigerRMSNormStub(torch.autograd.Function):
+    """Liger-Kernel 0.8.5's LigerRMSNormFunction.apply(X, W, eps, offset, casting_mode,
+    in_place=True, row_mode=None) in torch ops ("llama" casting), with its in-place backward:
+    in_place=True writes dx into the dy it is given. Records each call's scalar arguments."""
+
+    calls: list[tuple] = []
+
+    @staticmethod
+    def forward(ctx, X, W, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None):
+        _LigerRMSNormStub.calls.append((eps, offset, casting_mode, in_place))
+        ctx.save_for_backward(X, W)
+        ctx.eps, ctx.offset, ctx.in_place = eps, offset, in_place
+        x32 = X.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(X.dtype) * (offset + W)
+
+    @staticmethod
+    def backward(ctx, dY):
+        X, W = ctx.saved_tensors
+        with torch.enable_grad():
+            x, w = X.detach().requires_grad_(), W.detach().requires_grad_()
+            x32 = x.float()
+            y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + ctx.eps)).to(x.dtype)
+            dx, dw = torch.autograd.grad(y * (ctx.offset + w), [x, w], dY)
+        if ctx.in_place:
+            dY.copy_(dx)
+            dx = dY
+        return dx, dw, None, None, None, None, None
+
+
+def test_liger_rms_norm_leaves_the_benchmarks_dy_alone(monkeypatch):
+    """rms_norm's liger provider passes in_place=False (LigerRMSNormFunction's default is
+    True: its backward would overwrite the benchmark's dy), with eps, offset 0 and "llama",
+    as add_rms_norm's; the case's dy is unchanged after its backward."""
+    from benchmarks import bench_norm_family as family
+    from benchmarks.norm_variants import PLAIN
+
+    suite = family.RMS_NORM
+    stub = _LigerRMSNormStub
+    monkeypatch.setattr(suite, "find_liger", lambda: stub)
+    stub.calls.clear()
+    x = torch.randn(16, 24, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(24, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(16, 24, dtype=torch.bfloat16)
+    kept = dy.clone()
+    y = suite.functions(PLAIN)["liger"](x, None, w, None)
+    torch.autograd.backward(y, dy)
+    assert torch.equal(dy, kept)
+    assert stub.calls == [(family.EPS, 0.0, "llama", False)]
+
+
 def test_dropout_reference_reads_the_mask_and_refuses_no_dropout():
     """A random provider is checked against the reference of the mask it drew (from its
     dx); one that keeps every element is refused before it is timed."""
