@@ -189,21 +189,35 @@ philox::Dropout draw_dropout(double p) {
   return {impl->current_seed(), offset, philox::dropout_threshold(p), philox::keep_scale(p)};
 }
 
+// The multipliers of a norm_fwd call with dropout_p and rowscale whose mask is keyed by
+// (seed, offset) (unused when dropout_p is 0).
+template <typename acc_t>
+RowMultipliers<acc_t> row_multipliers(double dropout_p, const OptTensor& rowscale,
+                                      uint64_t seed, uint64_t offset, int64_t N) {
+  RowMultipliers<acc_t> m;
+  m.N = N;
+  m.rowscale = data_or_null<acc_t>(rowscale);
+  if (dropout_p > 0.0) {
+    m.dropout = {seed, offset, philox::dropout_threshold(dropout_p), philox::keep_scale(dropout_p)};
+  }
+  return m;
+}
+
 // The multipliers of a norm_fwd call: its mask drawn (dropout_p > 0, its (seed, offset)
 // written to rng_state) and its rowscale.
 template <typename acc_t>
 RowMultipliers<acc_t> forward_multipliers(double dropout_p, const OptTensor& rowscale,
                                           const OptTensor& rng_state, int64_t N) {
-  RowMultipliers<acc_t> m;
-  m.N = N;
-  m.rowscale = data_or_null<acc_t>(rowscale);
+  uint64_t seed = 0, offset = 0;
   if (dropout_p > 0.0) {
-    m.dropout = draw_dropout(dropout_p);
+    const philox::Dropout drawn = draw_dropout(dropout_p);
+    seed = drawn.seed;
+    offset = drawn.offset;
     int64_t* state = rng_state->mutable_data_ptr<int64_t>();
-    state[0] = static_cast<int64_t>(m.dropout.seed);
-    state[1] = static_cast<int64_t>(m.dropout.offset);
+    state[0] = static_cast<int64_t>(seed);
+    state[1] = static_cast<int64_t>(offset);
   }
-  return m;
+  return row_multipliers<acc_t>(dropout_p, rowscale, seed, offset, N);
 }
 
 Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTensor& weight,
@@ -260,15 +274,13 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
 template <typename acc_t>
 RowMultipliers<acc_t> saved_multipliers(double dropout_p, const OptTensor& rowscale,
                                         const OptTensor& rng_state, int64_t N) {
-  RowMultipliers<acc_t> m;
-  m.N = N;
-  m.rowscale = data_or_null<acc_t>(rowscale);
+  uint64_t seed = 0, offset = 0;
   if (dropout_p > 0.0) {
     const int64_t* state = rng_state->const_data_ptr<int64_t>();
-    m.dropout = {static_cast<uint64_t>(state[0]), static_cast<uint64_t>(state[1]),
-                 philox::dropout_threshold(dropout_p), philox::keep_scale(dropout_p)};
+    seed = static_cast<uint64_t>(state[0]);
+    offset = static_cast<uint64_t>(state[1]);
   }
-  return m;
+  return row_multipliers<acc_t>(dropout_p, rowscale, seed, offset, N);
 }
 
 Tensor4 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at::Tensor& input,
