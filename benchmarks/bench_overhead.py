@@ -118,7 +118,7 @@ def _add_apis(device: torch.device) -> list[Api]:
         for name, (norm, params) in norms.items():
             op, eager = fused[name], _eager_add(norm, variant)
             found.append(Api(name if variant is PLAIN else f"{name} {variant.name}",
-                             lambda x, op=op, r=r: op(x, r, **options),
+                             lambda x, op=op, r=r, kw=options: op(x, r, **kw),
                              lambda x, eager=eager, r=r: eager(x, r), [r, *params],
                              x_dtype, cases))
     r = torch.randn(ROWS, D, **kw)

@@ -137,10 +137,15 @@ def test_overhead_results_format(tmp_path):
                                                "--cpu-memory", "fresh"])
     result, md, folder = bench_overhead.run(args)
     assert list(result) == [k for k in TOP_KEYS if k not in ("copy_gbps", "cpu_memory")]
-    apis = {"layer_norm", "layer_norm bfloat16", "FusedLayerNorm", "gelu_ffn", "FusedGeluFFN",
+    apis = {"layer_norm", "layer_norm bfloat16", "FusedLayerNorm", "rms_norm", "add_layer_norm",
+            "add_rms_norm", "FusedAddLayerNorm", "FusedAddRMSNorm", "gelu_ffn", "FusedGeluFFN",
             "FusedLayerNormGeluFFN"}
-    assert {r["api"] for r in result["rows"]} == apis
-    assert len(result["rows"]) == len(apis) * 3 * 2  # apis x passes x providers
+    variants = {f"{op} {v}" for op in ("add_layer_norm", "add_rms_norm")
+                for v in ("fp32-residual", "dropout")}  # forward+backward only
+    assert {r["api"] for r in result["rows"]} == apis | variants
+    passes = {(r["api"], r["pass"], r["provider"]) for r in result["rows"]}
+    assert len(passes) == len(result["rows"]) == (len(apis) * 3 + len(variants)) * 2
+    assert {p for api, p, _ in passes if api in variants} == {"fwd+bwd"}
     for ours, theirs in zip(result["rows"][::2], result["rows"][1::2]):
         assert (ours["provider"], theirs["provider"]) == ("fusednorm", "torch")
         assert ours["x_torch"] == pytest.approx(ours["us"] / theirs["us"], rel=1e-2)
