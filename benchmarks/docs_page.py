@@ -49,7 +49,8 @@ METHOD = """\
   its suite's table.
 - **× torch**: PyTorch eager's time over the provider's (above 1: faster). **× compile**:
   `torch.compile`'s time over the provider's. **× liger** (GPU runs with Liger-Kernel
-  installed): Liger's time over the provider's.
+  installed): Liger's time over the provider's (its RMSNorm functions with
+  `in_place=False`, whose backward leaves the dy it is given as it was).
 - **% of copy** (the norm suites): the fewest bytes the pass must move (forward: read x,
   weight, bias, write y, mean, rstd; backward: read x, dy, mean, rstd, weight, write dx,
   dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
@@ -69,8 +70,8 @@ METHOD = """\
 - **% of GEMM** (`gelu_ffn`): the time of the same two GEMMs alone (no bias, no GELU) over
   the provider's: 100% is the cost of the matrix products themselves.
 - **Host time per call** (`overhead`): tiny tensors (4×64), fusednorm and the PyTorch code
-  it replaces alternating round by round, one CPU thread, or on CUDA wall time with a sync
-  per round.
+  it replaces (the add ops: `x + r`, with dropout `F.dropout(x, p) + r`, then the norm)
+  alternating round by round, one CPU thread, or on CUDA wall time with a sync per round.
 - **CPU memory** (`--cpu-memory`): `reuse`, the default, makes glibc's malloc keep freed
   memory (mallopt `M_MMAP_MAX=0`, `M_TRIM_THRESHOLD` 2 GiB), so that each call's outputs
   reuse the blocks the previous call freed: the steady state of a training step under a
