@@ -186,6 +186,10 @@ def measurement_notes(device: torch.device) -> list[str]:
               "output is held, less the output: the activations kept for backward (the "
               "backward's own temporaries are in its peak, not here)")
     gemm = []
+    if device.type == "cuda" and os.environ.get("FUSEDNORM_DISABLE_CUBLASLT") == "1":
+        gemm = ["FUSEDNORM_DISABLE_CUBLASLT=1: fusednorm's GEMMs ran on ATen's (as eager's), "
+                "without cuBLASLt and its epilogues; bias, GELU and their gradients in "
+                "fusednorm's own passes."]
     if device.type == "cpu" and fusednorm is not None:
         setting = os.environ.get("FUSEDNORM_CPU_GEMM")
         how = (f"set by FUSEDNORM_CPU_GEMM={setting}" if setting else
