@@ -181,7 +181,7 @@ def plan(args: argparse.Namespace) -> plan_.SuitePlan:
     device = cli.plan_device(args)
     names = plan_.planned_providers(cli.wanted_providers(args, PROVIDERS, device), device)
     return plan_.SuitePlan(SUITE, device.type, args.passes, cli.budget_s(args, device), [
-        plan_.PlannedCase(f"{str(dtype).removeprefix('torch.')} {M}x{N}", names,
+        plan_.PlannedCase(dtype, {"M": M, "N": N}, names,
                           plan_.norm_call_s(minimal_bytes(M, N, dtype)))
         for dtype, M, N in selected_cases(args, device)])
 

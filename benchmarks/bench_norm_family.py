@@ -256,6 +256,11 @@ def cases(suite: NormSuite, args: argparse.Namespace, device: torch.device,
     return found
 
 
+def case_fields(suite: NormSuite, M: int, N: int, variant: Variant) -> dict:
+    """A case's row fields after dtype."""
+    return {"M": M, "N": N} | ({"variant": variant.name} if suite.residual else {})
+
+
 def with_providers(suite: NormSuite, args: argparse.Namespace, device: torch.device,
                    names: list[str], run_cases) -> list[tuple]:
     """(dtype, M, N, variant, providers) of each case: those of names that compute the
@@ -282,10 +287,9 @@ def plan(suite: NormSuite, args: argparse.Namespace) -> plan_.SuitePlan:
     planned = plan_.SuitePlan(suite.SUITE, device.type, args.passes, cli.budget_s(args, device))
     for dtype, M, N, variant, case_names in with_providers(
             suite, args, device, names, cases(suite, args, device, planned.notes)):
-        label = f"{str(dtype).removeprefix('torch.')} {M}x{N}" + (
-            f" {variant.name}" if suite.residual else "")
         planned.cases.append(plan_.PlannedCase(
-            label, tuple(case_names), plan_.norm_call_s(suite.pass_bytes(M, N, dtype, variant))))
+            dtype, case_fields(suite, M, N, variant), tuple(case_names),
+            plan_.norm_call_s(suite.pass_bytes(M, N, dtype, variant))))
     return planned
 
 
@@ -371,8 +375,7 @@ def case_builder(suite: NormSuite, variant: Variant, M: int, N: int, dtype, devi
             return runner.Provider(name, forward, params)
 
         grads = ["dx", "dweight"] + (["dresidual"] if suite.residual else [])
-        fields = {"M": M, "N": N} | ({"variant": variant.name} if suite.residual else {})
-        return runner.Case(dtype=dtype, fields=fields, inputs=inputs,
+        return runner.Case(dtype=dtype, fields=case_fields(suite, M, N, variant), inputs=inputs,
                            providers=[provider(n) for n in names], reference=reference,
                            reference_per_provider=variant.random,
                            output_names=suite.outputs + grads,

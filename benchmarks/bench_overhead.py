@@ -36,10 +36,10 @@ fusednorm = availability.import_fusednorm()
 SUITE = "overhead"
 CASES = ("fwd (no grad)", "fwd (grad)", "fwd+bwd")
 ROWS, D, HIDDEN = 4, 64, 256
-# (rounds, calls per round) of each provider. CUDA: 300 calls a round, not the CPU's 1000:
-# its 15 x 1000 took 70 s (calls of 12-800 µs), and eager's own µs moved up to 1.5x between
-# two such runs, far beyond what fewer calls a round add (docs/perf-notes.md, 2026-11-27
-# "where a GPU run's time goes"); the alternation round by round is what the ratio rests on.
+# (rounds, calls per round) of each provider. CUDA: fewer calls a round than the CPU's (a
+# minute less): the ratio rests on the rounds' alternation, and PyTorch's own µs moved more
+# between two CUDA runs than a quick run's fewer calls moved them (docs/perf-notes.md,
+# 2026-11-27 "Where a GPU run's time goes").
 ROUNDS_CALLS = {"cpu": (15, 1000), "cuda": (15, 200)}
 QUICK_ROUNDS_CALLS = (5, 200)
 

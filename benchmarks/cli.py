@@ -94,8 +94,8 @@ def add_suite_arguments(parser: argparse.ArgumentParser, providers: Sequence[str
 
 
 # Providers a GPU run times only when named or with --full: fresh-copy, the floor of an op
-# into fresh outputs, is for the CPU's page faults; on the GPU the caching allocator makes
-# fresh outputs free, and it read 89-103% of the copy probe in the H200 files (all but 2 of 252 rows).
+# into fresh outputs, measures the CPU's page faults; on the GPU the caching allocator makes
+# new outputs free and it reads about the copy probe's bandwidth (docs/perf-notes.md, as above).
 GPU_FULL_ONLY = ("fresh-copy",)
 
 
@@ -174,9 +174,9 @@ def plan_device(args: argparse.Namespace) -> torch.device:
     return torch.device("cpu" if args.device == "cpu" else "cuda")
 
 
-# Seconds of repetitions per timed measurement. GPU: 0.1 s gives a few hundred calls of the
-# norm suites' (0.07-2 ms each), and a median that moved no more than between two runs at
-# 0.2 s (docs/perf-notes.md, 2026-11-27 "where a GPU run's time goes").
+# Seconds of repetitions per timed measurement. GPU: a few hundred of the norm suites' calls,
+# whose medians moved no more from 0.2 s to 0.1 s than between two runs at 0.2 s
+# (docs/perf-notes.md, 2026-11-27 "Where a GPU run's time goes").
 BUDGET_S = {"cpu": 0.35, "cuda": 0.1}
 QUICK_BUDGET_S = {"cpu": 0.1, "cuda": 0.05}
 

@@ -10,31 +10,47 @@ from dataclasses import dataclass, field
 
 import torch
 
-# What a GPU run costs, beyond the repetitions each measurement is given: fitted to the logs
-# of the H200 runs (torch 2.11, CUDA 13.0) of 2026-11-26 and -27 (docs/gpu_runs/: the
-# quick run's bench.log, the third to seventh runs' suite times and file stamps). One table,
-# used by the plan only; a run's own times come from its clock.
+from . import harness
+
+# What a GPU run costs beyond the calls each measurement repeats (measurement_s below),
+# with the run each figure comes from: H200, torch 2.11, CUDA 13.0, docs/gpu_runs/ (the
+# 2026-11-26 quick run's bench.log; the third to seventh runs' suite times, file stamps and
+# session.log). docs/perf-notes.md, 2026-11-27 "Where a GPU run's time goes", derives them
+# and checks the sum against each run (within 13% a default suite). Used by the plan only.
 COSTS = {
-    "device": "NVIDIA H200, torch 2.11 (docs/gpu_runs/, 2026-11-26 and -27)",
-    "startup_s": 15.0,      # `python -m benchmarks` up to its first suite's first case
-    "suite_s": 1.0,         # per suite: providers probed, the first copy probe, the files and plot
-    "case_s": 0.2,          # per case: inputs, the float64 reference, every provider checked
-    "compile_s": 0.6,       # per torch.compile compilation (Inductor, a fresh shape)
-    "liger_case_s": 0.8,    # per case that times Liger-Kernel: its Triton kernels, compiled per shape
-    "measurement_s": 0.02,  # per timed measurement beyond its calls: Python, events, syncs
-    "norm_bandwidth": 2.5e12,  # B/s assumed for a norm call's minimal bytes (the copy: 4.2e12)
-    "gemm_flops": {"bfloat16": 6.5e14, "float16": 6.5e14, "float32": 5.0e13},  # GELU-FFN GEMMs
-    "host_call_s": 127e-6,  # suite `overhead`: a call's mean host time on CUDA (its 08820a3 file)
+    "device": "an NVIDIA H200 (torch 2.11; runs of 2026-11-26/27)",
+    # `python -m benchmarks` until its first case: seventh run, bench step 08:03:30, first
+    # file stamp 08:03:45; quick run, 68 s in all against 55 s of suites.
+    "startup_s": 15.0,
+    # Per suite (providers probed, the first copy probe, files and plot) and per case (inputs,
+    # float64 reference, each provider checked), and per torch.compile compilation: the quick
+    # run's tqdm (a case's check, its first compilation included, 1-2 s; 3 cases in 9-13 s)
+    # and the default suites' times (a case 4.3-5 s at 0.2 s per measurement).
+    "suite_s": 1.0,
+    "case_s": 0.2,
+    "compile_s": 0.6,
+    # Per case timing Liger-Kernel (its Triton kernels, compiled per shape): layer_norm 167 s
+    # with it (seventh run), 130-137 s without (fourth, fifth), less its measurements.
+    "liger_case_s": 0.8,
+    # Per measurement beyond its calls (Python, events, syncs): the fit of the above.
+    "measurement_s": 0.02,
+    # A call's time, for repetitions and warm-up: a norm call's minimal bytes at 60% of the
+    # copy (4.2e12 B/s); GELU-FFN GEMM flop/s, the gelu_ffn file's d 8192 rows (781b7f6).
+    "norm_bandwidth": 2.5e12,
+    "gemm_flops": {"bfloat16": 6.5e14, "float16": 6.5e14, "float32": 5.0e13},
+    # Suite `overhead`: a call's mean host time on CUDA (its 08820a3 file's rows).
+    "host_call_s": 127e-6,
 }
-WARMUP_S = 0.025  # do_bench's warm-up (harness.time_calls), at least
 
 
 @dataclass(frozen=True)
 class PlannedCase:
-    """One case of a suite: its row fields, its providers, and the time of one call of each
-    pass (seconds, every provider alike: an estimate from the pass's bytes or flops)."""
+    """One case of a suite: its rows' dtype and fields (M, N, ...), its providers, and the
+    time of one call of each pass (seconds, every provider alike: an estimate from the
+    pass's bytes or flops)."""
 
-    label: str
+    dtype: torch.dtype
+    fields: dict
     providers: tuple[str, ...]
     call_s: dict[str, float]
 
@@ -75,7 +91,7 @@ class SuitePlan:
             return None
         total = (COSTS["suite_s"] + COSTS["host_call_s"] * self.host_calls
                  + COSTS["compile_s"] * self.compiles)
-        probe_call = 2 * (1 << 30) / 4.2e12  # harness.COPY_BYTES read and written
+        probe_call = 2 * harness.COPY_BYTES["cuda"] / 4.2e12  # read and written
         total += measurement_s(probe_call, self.budget_s / 3) * self.probes
         for case in self.cases:
             total += COSTS["case_s"] + COSTS["liger_case_s"] * ("liger" in case.providers)
@@ -93,10 +109,10 @@ def planned_providers(names, device: torch.device) -> tuple[str, ...]:
 def measurement_s(call_s: float, budget_s: float) -> float:
     """Wall seconds of one harness.time_calls on the GPU, by its rules and do_bench's: two
     warm-up calls and a timed one; do_bench's first call and 5-call estimate, its warm-up
-    (max(25 ms, 2 calls)) and repetitions (max(budget, 10 calls)); the memory figure's call
-    (two for fwd); plus COSTS' fixed part."""
-    return (11 * call_s + max(WARMUP_S, 2 * call_s) + max(budget_s, 10 * call_s)
-            + COSTS["measurement_s"])
+    (max(WARMUP_MS, 2 calls)) and repetitions (max(budget, MIN_REPS calls)); the memory
+    figure's call (two for fwd); plus COSTS' fixed part."""
+    return (11 * call_s + max(harness.WARMUP_MS / 1000, 2 * call_s)
+            + max(budget_s, harness.MIN_REPS * call_s) + COSTS["measurement_s"])
 
 
 def norm_call_s(pass_bytes: dict[str, int]) -> dict[str, float]:
@@ -137,7 +153,7 @@ def describe(plans: list[SuitePlan]) -> str:
                      f"**{_minutes(total)}** |")
     lines.append("")
     if gpu:
-        lines.append(f"Estimate for the GPU of benchmarks/plan.py's COSTS ({COSTS['device']}); "
+        lines.append(f"Estimate for {COSTS['device']}, from benchmarks/plan.py's COSTS; "
                      "the build (`bash scripts/bench.sh`, about 2 min) not included. Every "
                      "provider named is counted (Liger-Kernel as if installed): one that "
                      "cannot run is skipped at run time.")

@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
     if device.type == "cuda":
         estimate = plan.total_s(plans(args))
-        print(f"estimated {estimate / 60:.1f} min on an H200 (python -m benchmarks --plan "
-              "shows the plan)", file=sys.stderr)
+        print(f"estimated {estimate / 60:.1f} min on {plan.COSTS['device']} (python -m "
+              "benchmarks --plan shows the plan)", file=sys.stderr)
     deadline = cli.stop_at(args)  # one deadline for the whole run
     failed, folders, not_started = [], [], []
     for name in args.suites:
