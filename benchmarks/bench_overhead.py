@@ -37,8 +37,8 @@ SUITE = "overhead"
 CASES = ("fwd (no grad)", "fwd (grad)", "fwd+bwd")
 ROWS, D, HIDDEN = 4, 64, 256
 # (rounds, calls per round) of each provider. CUDA: fewer calls a round than the CPU's (a
-# minute less): the ratio rests on the rounds' alternation, and PyTorch's own µs moved more
-# between two CUDA runs than a quick run's fewer calls moved them (docs/perf-notes.md,
+# minute less): the ratio rests on the rounds' alternation, and PyTorch's own µs moved as
+# much between two CUDA runs as a quick run's fewer calls moved them (docs/perf-notes.md,
 # 2026-11-27 "Where a GPU run's time goes").
 ROUNDS_CALLS = {"cpu": (15, 1000), "cuda": (15, 200)}
 QUICK_ROUNDS_CALLS = (5, 200)
