@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import (bench_layer_norm, bench_norm_family, bench_overhead, cli, floors, plan,
-                        run_all, runner)
+from benchmarks import (bench_layer_norm, bench_norm_family, bench_overhead, cli, floors, harness,
+                        plan, run_all, runner)
 
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 ISSUE_41_NS = {1024, 2048, 4096, 8192, 16384, 32768, 65536}
@@ -84,23 +84,27 @@ def test_full_times_the_whole_grid():
     assert floors.columns(["torch"]) != floors.columns(["torch", floors.FRESH_COPY])
 
 
-def test_plan_counts_what_the_run_times(tmp_path):
+def test_plan_counts_what_the_run_times(tmp_path, monkeypatch):
     """A tiny CPU run: as many rows as the plan has timings, its cases the plan's, and the
     plan's compilations two per case of a compiled provider (the bwd pass recompiles)."""
-    argv = ["--device", "cpu", "--shapes", "16x24,7x5", "--dtypes", "fp32,bf16",
-            "--passes", "fwd,bwd", "--time-per-measurement", "0.01", "--cpu-memory", "fresh",
+    monkeypatch.setitem(harness.COPY_BYTES, "cpu", 1 << 20)  # a small probe: this is no timing
+    argv = ["--device", "cpu", "--shapes", "7x5", "--dtypes", "fp32,bf16", "--passes",
+            "fwd,bwd", "--time-per-measurement", "0.01", "--cpu-memory", "fresh",
             "--out", str(tmp_path)]
     suite = bench_norm_family.ADD_LAYER_NORM
-    args = suite.parser().parse_args(argv + ["--providers", "fusednorm,torch,fresh-copy",
-                                             "--variants", "plain,fp32-residual"])
+    args = suite.parser().parse_args(argv + ["--providers", "fusednorm,torch",
+                                             "--variants", "plain,dropout"])
     planned = suite.plan(args)
     result, _, _ = suite.run(args)
-    assert planned.timings == len(result["rows"])
+    assert planned.timings == len(result["rows"]) == 4 * 2 * 2  # cases x providers x passes
     assert {(c.dtype, *c.fields.values()) for c in planned.cases} == {
         (getattr(torch, r["dtype"]), r["M"], r["N"], r["variant"]) for r in result["rows"]}
     assert planned.probes == len(planned.cases) * 2 + 1 and planned.compiles == 0
     compiled = suite.plan(suite.parser().parse_args(argv + ["--providers", "torch.compile"]))
     assert compiled.compiles == 2 * len(compiled.cases)
+    fwd_only = suite.plan(suite.parser().parse_args(argv[:6] + ["--passes", "fwd",
+                                                                 "--providers", "torch.compile"]))
+    assert fwd_only.compiles == len(fwd_only.cases)
 
 
 def test_plan_runs_nothing_and_needs_no_gpu(capsys, monkeypatch):
@@ -139,6 +143,10 @@ def test_estimate_reproduces_the_runs_it_comes_from(suite, argv, providers, vari
     assert estimate == pytest.approx(seconds, rel=0.3 if "--quick" in argv else 0.15)
 
 
-def test_overhead_calls_per_round_depend_on_the_device_only_on_the_gpu():
-    assert bench_overhead.rounds_calls(torch.device("cpu"), False) == (15, 1000)
-    assert bench_overhead.rounds_calls(torch.device("cuda"), True) == (5, 200)
+def test_the_cpu_run_keeps_its_budget_and_rounds():
+    """Sizing the GPU run left the CPU's alone: 0.35 s per measurement (quick 0.1) and the
+    overhead suite's 15 rounds of 1000 calls."""
+    cpu = torch.device("cpu")
+    for argv, budget in (([], 0.35), (["--quick"], 0.1)):
+        assert cli.budget_s(run_all.parser().parse_args(argv), cpu) == budget
+    assert bench_overhead.rounds_calls(cpu, False) == (15, 1000)
