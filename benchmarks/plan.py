@@ -34,8 +34,10 @@ COSTS = {
     "liger_case_s": 0.8,
     # Per measurement beyond its calls (Python, events, syncs): the fit of the above.
     "measurement_s": 0.02,
-    # A call's time, for repetitions and warm-up: a norm call's minimal bytes at 60% of the
-    # copy (4.2e12 B/s); GELU-FFN GEMM flop/s, the gelu_ffn file's d 8192 rows (781b7f6).
+    # A call's time, for repetitions and warm-up: the copy probe's bytes at the H200 files'
+    # copy bandwidth, a norm call's minimal bytes at 60% of it; GELU-FFN GEMM flop/s, the
+    # gelu_ffn file's d 8192 rows (781b7f6).
+    "copy_bandwidth": 4.2e12,
     "norm_bandwidth": 2.5e12,
     "gemm_flops": {"bfloat16": 6.5e14, "float16": 6.5e14, "float32": 5.0e13},
     # Suite `overhead`: a call's mean host time on CUDA (its 08820a3 file's rows).
@@ -91,7 +93,7 @@ class SuitePlan:
             return None
         total = (COSTS["suite_s"] + COSTS["host_call_s"] * self.host_calls
                  + COSTS["compile_s"] * self.compiles)
-        probe_call = 2 * harness.COPY_BYTES["cuda"] / 4.2e12  # read and written
+        probe_call = 2 * harness.COPY_BYTES["cuda"] / COSTS["copy_bandwidth"]  # read, written
         total += measurement_s(probe_call, self.budget_s / 3) * self.probes
         for case in self.cases:
             total += COSTS["case_s"] + COSTS["liger_case_s"] * ("liger" in case.providers)
@@ -136,21 +138,20 @@ def describe(plans: list[SuitePlan]) -> str:
     gpu = device == "cuda"
     lines = ["| suite | cases | providers x passes | timings | copy probes | compiles | s per "
              "measurement | estimate |", "|---|--:|---|--:|--:|--:|--:|--:|"]
-    total = COSTS["startup_s"] if gpu else None
     for plan in plans:
         providers = sorted({p for c in plan.cases for p in c.providers})
         estimate = plan.estimate_s()
-        if estimate is not None:
-            total += estimate
         lines.append(
-            f"| `{plan.suite}` | {len(plan.cases)} | {', '.join(providers) or '-'} x "
-            f"{len(plan.passes)} | {plan.timings} | {plan.probes} | {plan.compiles} | "
-            f"{plan.budget_s:g} | {_minutes(estimate) if estimate is not None else 'n/a'} |")
+            f"| `{plan.suite}` | {len(plan.cases)} | "
+            + (f"{', '.join(providers)} x {len(plan.passes)}" if plan.cases else "-")
+            + f" | {plan.timings} | {plan.probes} | {plan.compiles} | "
+            + (f"{plan.budget_s:g}" if plan.cases else "-")
+            + f" | {_minutes(estimate) if estimate is not None else 'n/a'} |")
     if gpu:
         lines.append(f"| all, with the run's start ({COSTS['startup_s']:.0f} s) | "
                      f"{sum(len(p.cases) for p in plans)} | | {sum(p.timings for p in plans)} | "
                      f"{sum(p.probes for p in plans)} | {sum(p.compiles for p in plans)} | | "
-                     f"**{_minutes(total)}** |")
+                     f"**{_minutes(total_s(plans))}** |")
     lines.append("")
     if gpu:
         lines.append(f"Estimate for {COSTS['device']}, from benchmarks/plan.py's COSTS; "
