@@ -88,8 +88,9 @@ def test_plan_counts_what_the_run_times(tmp_path, monkeypatch):
     """A tiny CPU run: as many rows as the plan has timings, its cases the plan's, and the
     plan's compilations two per case of a compiled provider (the bwd pass recompiles)."""
     monkeypatch.setitem(harness.COPY_BYTES, "cpu", 1 << 20)  # a small probe: this is no timing
+    # --cpu-memory: the mode this process is in (it cannot go back from reuse to fresh).
     argv = ["--device", "cpu", "--shapes", "7x5", "--dtypes", "fp32,bf16", "--passes",
-            "fwd,bwd", "--time-per-measurement", "0.01", "--cpu-memory", "fresh",
+            "fwd,bwd", "--time-per-measurement", "0.01", "--cpu-memory", harness.cpu_memory(),
             "--out", str(tmp_path)]
     suite = bench_norm_family.ADD_LAYER_NORM
     args = suite.parser().parse_args(argv + ["--providers", "fusednorm,torch",
