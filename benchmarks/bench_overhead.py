@@ -29,12 +29,28 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks import availability, busy, cli, harness, plotting, report, stamp
+from benchmarks import plan as plan_
 
 fusednorm = availability.import_fusednorm()
 
 SUITE = "overhead"
 CASES = ("fwd (no grad)", "fwd (grad)", "fwd+bwd")
 ROWS, D, HIDDEN = 4, 64, 256
+# (rounds, calls per round) of each provider. CUDA: fewer calls a round than the CPU's (a
+# minute less): the ratio rests on the rounds' alternation, and PyTorch's own µs moved as
+# much between two CUDA runs as a quick run's fewer calls moved them (docs/perf-notes.md,
+# 2026-11-27 "Where a GPU run's time goes").
+ROUNDS_CALLS = {"cpu": (15, 1000), "cuda": (15, 200)}
+QUICK_ROUNDS_CALLS = (5, 200)
+
+
+def rounds_calls(device: torch.device, quick: bool) -> tuple[int, int]:
+    return QUICK_ROUNDS_CALLS if quick else ROUNDS_CALLS[device.type]
+
+
+def warmup_calls(calls: int) -> int:
+    """Calls of each provider before its rounds (measure)."""
+    return max(10, calls // 10)
 
 
 @dataclass
@@ -113,7 +129,7 @@ def measure(fused: Callable, reference: Callable, device: torch.device, rounds: 
             calls: int) -> tuple[list[float], list[float]]:
     """Per-call µs of each, over `rounds` rounds that alternate between the two."""
     for fn in (fused, reference):  # warm up: caches, lazy initialisation
-        _round_us(fn, max(10, calls // 10), device)
+        _round_us(fn, warmup_calls(calls), device)
     ours, theirs = [], []
     for _ in range(rounds):
         ours.append(_round_us(fused, calls, device))
@@ -140,7 +156,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     try:
         result = stamp.header(SUITE, device)
         cpu_start = busy.sample()
-        rounds, calls = (5, 200) if args.quick else (15, 1000)
+        rounds, calls = rounds_calls(device, args.quick)
         rows = []
         for api in apis(device):
             x = torch.randn(ROWS, D, device=device, dtype=api.dtype)
@@ -173,6 +189,18 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     md = markdown(result, notes)
     folder = report.write(result, out, md, lambda path: plot(result, path, notes))
     return result, md, folder
+
+
+def plan(args: argparse.Namespace) -> plan_.SuitePlan:
+    """What run(args) would time, without running it (python -m benchmarks --plan): no
+    timed cases, rounds of host calls, two providers per api and pass."""
+    device = cli.plan_device(args)
+    rounds, calls = rounds_calls(device, args.quick)
+    rows = len(apis(torch.device("cpu"))) * len(CASES)
+    host_calls = rows * 2 * (rounds * calls + warmup_calls(calls))
+    return plan_.SuitePlan(SUITE, device.type, [], 0.0, host_calls=host_calls, notes=[
+        f"{rows} api x pass rows, fusednorm and torch alternating: {rounds} rounds of "
+        f"{calls} calls each ({host_calls} calls in all)"])
 
 
 def markdown(result: dict, notes: list[str]) -> str:
