@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks import availability, cli, harness, plotting, report, runner
+from benchmarks import plan as plan_
 
 fusednorm = availability.import_fusednorm()
 
@@ -30,7 +31,10 @@ APPROXIMATE = "none"
 
 # Issue 4: M = 8192 tokens, hidden = 4 d. The CPU default is smaller to fit a few minutes.
 GPU_TOKENS, GPU_DS = 8192, [768, 1024, 1536, 2048, 3072, 4096, 8192]
-GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# GPU: the default run, sized to finish in minutes (issue 41), times the 16-bit dtypes that
+# training uses; --full float32 too, whose GEMMs (no TF32) took most of the suite's time.
+GPU_DTYPES = [torch.bfloat16, torch.float16]
+GPU_FULL_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 CPU_TOKENS, CPU_DS = 2048, [256, 512, 768, 1024]
 CPU_DTYPES = [torch.float32]
 
@@ -43,10 +47,20 @@ def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int, in
     return [(tokens, d, 4 * d) for d in ds]
 
 
-def default_dtypes(device: torch.device, quick: bool) -> list[torch.dtype]:
+def default_dtypes(device: torch.device, quick: bool, full: bool = False) -> list[torch.dtype]:
     if device.type == "cpu":
         return CPU_DTYPES
-    return GPU_DTYPES[:1] if quick else GPU_DTYPES
+    return GPU_DTYPES[:1] if quick else GPU_FULL_DTYPES if full else GPU_DTYPES
+
+
+def selected_cases(args: argparse.Namespace,
+                   device: torch.device) -> list[tuple[torch.dtype, int, int, int]]:
+    """(dtype, M, d, hidden) of the run: --dtypes x --shapes (MxD or MxDxH; H = 4 D), the
+    device's defaults for the other."""
+    shapes = [s if len(s) == 3 else (s[0], s[1], 4 * s[1])
+              for s in (args.shapes or default_shapes(device, args.quick))]
+    dtypes = args.dtypes or default_dtypes(device, args.quick, getattr(args, "full", False))
+    return [(dtype, M, d, h) for dtype in dtypes for M, d, h in shapes]
 
 
 def minimal_bytes(M: int, d: int, h: int, dtype: torch.dtype) -> dict[str, int]:
@@ -139,25 +153,32 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device, args.cpu_memory)
-    shapes = [s if len(s) == 3 else (s[0], s[1], 4 * s[1])
-              for s in (args.shapes or default_shapes(device, args.quick))]
-    dtypes = args.dtypes or default_dtypes(device, args.quick)
     notes: list[str] = []
-    names = usable_providers(args.providers, device, notes)
+    names = usable_providers(cli.wanted_providers(args, PROVIDERS, device), device, notes)
     for note in notes:
         print(f"[{SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),
                                stop_at=cli.stop_at(args),
                                floor_provider=FLOOR, notes=notes)
     builders = [case_builder(M, d, h, dtype, device, names)
-                for dtype in dtypes for M, d, h in shapes]
+                for dtype, M, d, h in selected_cases(args, device)]
     result = runner.run(settings, builders, providers_per_case=len(names))
-    notes += measurement_notes(device)
+    notes += measurement_notes(device, settings.budget_s)
     md = report.markdown(result, ["dtype", "M", "N", "hidden"],
                          [report.MS, report.TFLOPS, report.SPEEDUP.without(FLOOR),
                           report.PEAK.without(FLOOR), report.SAVED.without(FLOOR)], notes)
     folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
+
+
+def plan(args: argparse.Namespace) -> plan_.SuitePlan:
+    """What run(args) would time, without running it (python -m benchmarks --plan)."""
+    device = cli.plan_device(args)
+    names = plan_.planned_providers(cli.wanted_providers(args, PROVIDERS, device), device)
+    return plan_.SuitePlan(SUITE, device.type, args.passes, cli.budget_s(args, device), [
+        plan_.PlannedCase(dtype, {"M": M, "N": d, "hidden": h}, names,
+                          plan_.gemm_call_s(gemm_flops(M, d, h), dtype))
+        for dtype, M, d, h in selected_cases(args, device)])
 
 
 def draw(result: dict, path: Path, notes) -> None:
@@ -170,9 +191,10 @@ def draw(result: dict, path: Path, notes) -> None:
     plotting.plot(result, path, x, metrics, notes)
 
 
-def measurement_notes(device: torch.device) -> list[str]:
+def measurement_notes(device: torch.device, budget_s: float) -> list[str]:
     if device.type == "cuda":
-        timing = "triton.testing.do_bench (CUDA events, L2 flushed before each call)"
+        timing = ("triton.testing.do_bench (CUDA events, L2 flushed before each call; "
+                  f"{budget_s:g} s of calls per measurement, at least 10)")
         tf32 = torch.backends.cuda.matmul.allow_tf32
         timing += f"; torch.backends.cuda.matmul.allow_tf32={tf32}"
     else:
@@ -186,6 +208,10 @@ def measurement_notes(device: torch.device) -> list[str]:
               "output is held, less the output: the activations kept for backward (the "
               "backward's own temporaries are in its peak, not here)")
     gemm = []
+    if device.type == "cuda" and os.environ.get("FUSEDNORM_DISABLE_CUBLASLT") == "1":
+        gemm = ["FUSEDNORM_DISABLE_CUBLASLT=1: fusednorm's GEMMs ran on ATen's (as eager's), "
+                "without cuBLASLt and its epilogues; bias, GELU and their gradients in "
+                "fusednorm's own passes."]
     if device.type == "cpu" and fusednorm is not None:
         setting = os.environ.get("FUSEDNORM_CPU_GEMM")
         how = (f"set by FUSEDNORM_CPU_GEMM={setting}" if setting else

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from benchmarks import (availability, bench_layer_norm, cli, floors, harness, norm_variants,
                         report, runner)
+from benchmarks import plan as plan_
 from benchmarks.norm_variants import PLAIN, VARIANTS, Variant
 
 fusednorm = availability.import_fusednorm()
@@ -36,18 +37,19 @@ fusednorm = availability.import_fusednorm()
 EPS = 1e-6
 CPU_SHAPES = [(4096, 1024), (1024, 4096), (8192, 768)]
 CPU_DTYPES = [torch.float32, torch.bfloat16]
-GPU_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-GPU_ELEMENTS = 1 << 26
-GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+GPU_NS, GPU_QUICK_NS = bench_layer_norm.GPU_NS, bench_layer_norm.GPU_QUICK_NS
+GPU_ELEMENTS = bench_layer_norm.GPU_ELEMENTS
+GPU_DTYPES = bench_layer_norm.GPU_DTYPES
 # The variants other than plain, in a default run: bfloat16 (the training setup they serve) at
-# the first CPU shape, on the GPU at N = 4096 and 16384 (quick: 4096). Few, because the
-# default GPU run must stay short (issue 41); --all-variant-cases times them at every case.
+# the first CPU shape, on the GPU at N = 4096 (--full: 16384 too). Few, because the default
+# GPU run must stay short (issue 41); --all-variant-cases times them at every case.
 VARIANT_DTYPES = [torch.bfloat16]
 # A quick run and a default CPU run (the longest default run already) leave out plain
 # `dropout`: `dropout-rowscale` runs its path, with the scale.
 FEW_VARIANTS = ["plain", "fp32-residual", "dropout-rowscale"]
 VARIANT_CPU_SHAPES = CPU_SHAPES[:1]
-VARIANT_GPU_NS = [4096, 16384]
+VARIANT_GPU_NS = [4096]
+VARIANT_GPU_FULL_NS = [4096, 16384]
 
 # fusednorm with zero_centered_weight: given w - 1 (a weight of [N], not a pass over the
 # rows), so that it computes what the other providers compute and passes their check. Its
@@ -144,11 +146,15 @@ class NormSuite:
             p.add_argument("--all-variant-cases", action="store_true",
                            help="time the variants other than plain at every case of the "
                                 "run, not only at the default run's few (bf16; CPU: the first "
-                                f"shape; GPU: N in {VARIANT_GPU_NS})")
+                                f"shape; GPU: N in {VARIANT_GPU_NS}, --full: "
+                                f"{VARIANT_GPU_FULL_NS})")
         return p
 
     def run(self, args: argparse.Namespace):
         return run(self, args)
+
+    def plan(self, args: argparse.Namespace):
+        return plan(self, args)
 
 
 def _variants(text: str) -> list[str]:
@@ -206,7 +212,7 @@ SUITES = {s.SUITE: s for s in (RMS_NORM, ADD_LAYER_NORM, ADD_RMS_NORM)}
 def default_shapes(device: torch.device, quick: bool) -> list[tuple[int, int]]:
     if device.type == "cpu":
         return CPU_SHAPES[:1] if quick else CPU_SHAPES
-    ns = [1024, 4096, 16384] if quick else GPU_NS
+    ns = GPU_QUICK_NS if quick else GPU_NS
     return [(math.ceil(GPU_ELEMENTS / n), n) for n in ns]
 
 
@@ -216,11 +222,13 @@ def default_dtypes(device: torch.device, quick: bool) -> list[torch.dtype]:
     return GPU_DTYPES[:1] if quick else GPU_DTYPES
 
 
-def variant_shapes(device: torch.device, quick: bool) -> list[tuple[int, int]]:
+def variant_shapes(device: torch.device, quick: bool,
+                   full: bool = False) -> list[tuple[int, int]]:
     """Where a default run times the variants other than plain."""
     if device.type == "cpu":
         return VARIANT_CPU_SHAPES
-    return [(math.ceil(GPU_ELEMENTS / n), n) for n in VARIANT_GPU_NS[:1 if quick else None]]
+    ns = VARIANT_GPU_FULL_NS if full and not quick else VARIANT_GPU_NS
+    return [(math.ceil(GPU_ELEMENTS / n), n) for n in ns]
 
 
 def cases(suite: NormSuite, args: argparse.Namespace, device: torch.device,
@@ -233,7 +241,8 @@ def cases(suite: NormSuite, args: argparse.Namespace, device: torch.device,
     dtypes = args.dtypes or default_dtypes(device, args.quick)
     every = getattr(args, "all_variant_cases", False)
     variant_grid = (args.dtypes or (dtypes if every else VARIANT_DTYPES),
-                    shapes if args.shapes or every else variant_shapes(device, args.quick))
+                    shapes if args.shapes or every
+                    else variant_shapes(device, args.quick, getattr(args, "full", False)))
     if not suite.residual:
         names = [PLAIN.name]
     else:
@@ -251,6 +260,43 @@ def cases(suite: NormSuite, args: argparse.Namespace, device: torch.device,
         found += [(d, M, N, variant) for d in grid_dtypes if variant.applies_to(d)
                   for M, N in grid_shapes]
     return found
+
+
+def case_fields(suite: NormSuite, M: int, N: int, variant: Variant) -> dict:
+    """A case's row fields after dtype."""
+    return {"M": M, "N": N} | ({"variant": variant.name} if suite.residual else {})
+
+
+def with_providers(suite: NormSuite, args: argparse.Namespace, device: torch.device,
+                   names: list[str], run_cases) -> list[tuple]:
+    """(dtype, M, N, variant, providers) of each case: those of names that compute the
+    variant (NormSuite.functions), zero-centered fusednorm only at the variants' few cases
+    unless the providers are named or --all-variant-cases is given."""
+    # Naming the providers is asking for this one.
+    everywhere = args.providers is not None or getattr(args, "all_variant_cases", False)
+    few = (set(VARIANT_DTYPES),
+           set(variant_shapes(device, args.quick, getattr(args, "full", False))))
+
+    def timed(name, dtype, M, N):
+        return name != ZERO_CENTERED or everywhere or (dtype in few[0] and (M, N) in few[1])
+
+    return [(dtype, M, N, variant, [n for n in names if n in suite.functions(variant)
+                                    and timed(n, dtype, M, N)])
+            for dtype, M, N, variant in run_cases]
+
+
+def plan(suite: NormSuite, args: argparse.Namespace) -> plan_.SuitePlan:
+    """What run(suite, args) would time, without running it (python -m benchmarks --plan)."""
+    device = cli.plan_device(args)
+    names = list(plan_.planned_providers(cli.wanted_providers(args, suite.providers, device),
+                                         device))
+    planned = plan_.SuitePlan(suite.SUITE, device.type, args.passes, cli.budget_s(args, device))
+    for dtype, M, N, variant, case_names in with_providers(
+            suite, args, device, names, cases(suite, args, device, planned.notes)):
+        planned.cases.append(plan_.PlannedCase(
+            dtype, case_fields(suite, M, N, variant), tuple(case_names),
+            plan_.norm_call_s(suite.pass_bytes(M, N, dtype, variant))))
+    return planned
 
 
 def _probe(suite: NormSuite, variant: Variant, dtype: torch.dtype, device: torch.device):
@@ -335,8 +381,7 @@ def case_builder(suite: NormSuite, variant: Variant, M: int, N: int, dtype, devi
             return runner.Provider(name, forward, params)
 
         grads = ["dx", "dweight"] + (["dresidual"] if suite.residual else [])
-        fields = {"M": M, "N": N} | ({"variant": variant.name} if suite.residual else {})
-        return runner.Case(dtype=dtype, fields=fields, inputs=inputs,
+        return runner.Case(dtype=dtype, fields=case_fields(suite, M, N, variant), inputs=inputs,
                            providers=[provider(n) for n in names], reference=reference,
                            reference_per_provider=variant.random,
                            output_names=suite.outputs + grads,
@@ -395,20 +440,15 @@ def run(suite: NormSuite, args: argparse.Namespace):
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device, args.cpu_memory)
     notes: list[str] = []
-    names = usable_providers(suite, args.providers, device, notes)
+    names = usable_providers(suite, cli.wanted_providers(args, suite.providers, device), device,
+                             notes)
     run_cases = cases(suite, args, device, notes)
     probed: dict = {}
-    # The default provider list is every provider: naming them is asking for this one.
-    everywhere = args.providers != suite.providers or getattr(args, "all_variant_cases", False)
-    few = (set(VARIANT_DTYPES), set(variant_shapes(device, args.quick)))
-
-    def timed(name, dtype, M, N):
-        return name != ZERO_CENTERED or everywhere or (dtype in few[0] and (M, N) in few[1])
-
     builders = [case_builder(suite, variant, M, N, dtype, device,
-                             [n for n in providers_of(suite, variant, dtype, names, device,
-                                                      notes, probed) if timed(n, dtype, M, N)])
-                for dtype, M, N, variant in run_cases]
+                             providers_of(suite, variant, dtype, case_names, device, notes,
+                                          probed))
+                for dtype, M, N, variant, case_names in with_providers(suite, args, device,
+                                                                       names, run_cases)]
     for note in notes:
         print(f"[{suite.SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(suite.SUITE, device, args.passes, cli.budget_s(args, device),
@@ -417,11 +457,9 @@ def run(suite: NormSuite, args: argparse.Namespace):
                                notes=notes)
     result = runner.run(settings, builders, providers_per_case=len(names))
     notes += bytes_notes(suite, list(dict.fromkeys(v for *_, v in run_cases)))
-    notes.append(floors.NOTE)
+    notes.append(floors.note(names))
     keys = ["dtype", "M", "N"] + (["variant"] if suite.residual else [])
-    md = report.markdown(result, keys,
-                         [report.MS, report.GBPS, report.FRESH_COPY,
-                          report.SPEEDUP.without(floors.FRESH_COPY)], notes)
+    md = report.markdown(result, keys, floors.columns(names), notes)
     folder = report.write(result, out, md, lambda path: draw(result, path, notes))
     return result, md, folder
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks import availability, busy, cli, harness, plotting, report, stamp
+from benchmarks import plan as plan_
 from benchmarks.norm_variants import DROPOUT, FP32_RESIDUAL, PLAIN, Variant
 
 fusednorm = availability.import_fusednorm()
@@ -41,6 +42,26 @@ ROWS, D, HIDDEN = 4, 64, 256
 # A fwd+bwd call costs several forwards: its rounds take calls // BACKWARD_SHARE calls, so
 # that the add ops' rows left a default run's time as it was (figures: docs/perf-notes.md).
 BACKWARD_SHARE = 4
+# (rounds, calls per round) of each provider. CUDA: fewer calls a round than the CPU's (a
+# minute less): the ratio rests on the rounds' alternation, and PyTorch's own µs moved as
+# much between two CUDA runs as a quick run's fewer calls moved them (docs/perf-notes.md,
+# 2026-11-27 "Where a GPU run's time goes").
+ROUNDS_CALLS = {"cpu": (15, 1000), "cuda": (15, 200)}
+QUICK_ROUNDS_CALLS = (5, 200)
+
+
+def rounds_calls(device: torch.device, quick: bool) -> tuple[int, int]:
+    return QUICK_ROUNDS_CALLS if quick else ROUNDS_CALLS[device.type]
+
+
+def case_calls(case: str, calls: int) -> int:
+    """Calls per round of a case (BACKWARD_SHARE)."""
+    return calls // BACKWARD_SHARE if case == "fwd+bwd" else calls
+
+
+def warmup_calls(calls: int) -> int:
+    """Calls of each provider before its rounds (measure)."""
+    return max(10, calls // 10)
 
 
 @dataclass
@@ -196,7 +217,7 @@ def measure(fused: Callable, reference: Callable, device: torch.device, rounds: 
             calls: int) -> tuple[list[float], list[float]]:
     """Per-call µs of each, over `rounds` rounds that alternate between the two."""
     for fn in (fused, reference):  # warm up: caches, lazy initialisation
-        _round_us(fn, max(10, calls // 10), device)
+        _round_us(fn, warmup_calls(calls), device)
     ours, theirs = [], []
     for _ in range(rounds):
         ours.append(_round_us(fused, calls, device))
@@ -223,7 +244,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     try:
         result = stamp.header(SUITE, device)
         cpu_start = busy.sample()
-        rounds, calls = (5, 200) if args.quick else (15, 1000)
+        rounds, calls = rounds_calls(device, args.quick)
         rows = []
         for api in apis(device):
             x = torch.randn(ROWS, D, device=device, dtype=api.dtype)
@@ -233,9 +254,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
                 for p in api.params:
                     p.requires_grad_(grad)
                 xg = x.clone().requires_grad_(grad)
-                case_calls = calls // BACKWARD_SHARE if case == "fwd+bwd" else calls
-                ours, theirs = measure(_call(case, api.fused, xg, dy),
-                                       _call(case, api.torch, xg, dy), device, rounds, case_calls)
+                ours, theirs = measure(_call(case, api.fused, xg, dy), _call(case, api.torch, xg, dy),
+                                       device, rounds, case_calls(case, calls))
                 rows += [_row(api.name, case, "fusednorm", ours), _row(api.name, case, "torch", theirs)]
                 print(f"[{SUITE}] {api.name:30s} {case:14s} fusednorm {rows[-2]['us']:8.2f} us"
                       f"  torch {rows[-1]['us']:8.2f} us", file=sys.stderr)
@@ -260,6 +280,22 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     md = markdown(result, notes)
     folder = report.write(result, out, md, lambda path: plot(result, path, notes))
     return result, md, folder
+
+
+def plan(args: argparse.Namespace) -> plan_.SuitePlan:
+    """What run(args) would time, without running it (python -m benchmarks --plan): no
+    timed cases, rounds of host calls, two providers per api and pass."""
+    device = cli.plan_device(args)
+    rounds, calls = rounds_calls(device, args.quick)
+    cases = [case for api in apis(torch.device("cpu")) for case in api.cases]
+    host_calls = {case: 0 for case in CASES}
+    for case in cases:
+        n = case_calls(case, calls)
+        host_calls[case] += 2 * (rounds * n + warmup_calls(n))
+    return plan_.SuitePlan(SUITE, device.type, [], 0.0, host_calls=host_calls, notes=[
+        f"{len(cases)} api x pass rows, fusednorm and torch alternating: {rounds} rounds of "
+        f"{calls} calls each ({case_calls('fwd+bwd', calls)} for fwd+bwd; "
+        f"{sum(host_calls.values())} calls in all)"])
 
 
 def markdown(result: dict, notes: list[str]) -> str:

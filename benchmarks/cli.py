@@ -58,6 +58,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of fwd, bwd, fwd+bwd (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help=f"few shapes, short timings (a smoke run); results to {QUICK_DIR}")
+    parser.add_argument("--full", action="store_true",
+                        help="GPU: the whole grid, beyond the default run's (which is sized to "
+                             "finish in minutes): layer_norm at N = 768 and 12288 too, "
+                             "gelu_ffn in float32 too")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, default=None,
                        help=f"results root; files go to OUT/<device>/ (default: {stamp.LOCAL_DIR}, "
@@ -66,7 +70,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"write into the committed {stamp.RESULTS_DIR}/<device>/ (the "
                             "published results: run on a quiet machine)")
     parser.add_argument("--time-per-measurement", type=float, default=None, metavar="S",
-                        help="seconds per timed measurement (default 0.35 CPU, 0.2 GPU; quick: 0.1)")
+                        help="seconds per timed measurement (default 0.35 CPU, 0.1 GPU; quick: 0.1 CPU, "
+                             "0.05 GPU)")
     parser.add_argument("--stop-after", type=float, default=None, metavar="S",
                         help="start no new case after S seconds (counted from the start of "
                              "the run); the cases timed by then are written, the file says "
@@ -83,8 +88,25 @@ def add_suite_arguments(parser: argparse.ArgumentParser, providers: Sequence[str
                         help="comma list among fp32, bf16, fp16, fp64 (default per device)")
     parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma list of MxN (default per device)")
-    parser.add_argument("--providers", type=_csv, default=list(providers),
-                        help=f"comma list among {', '.join(providers)} (default: all available)")
+    parser.add_argument("--providers", type=_csv, default=None,
+                        help=f"comma list among {', '.join(providers)} (default: all available; "
+                             f"a GPU run without --full leaves out {', '.join(GPU_FULL_ONLY)})")
+
+
+# Providers a GPU run times only when named or with --full: fresh-copy, the floor of an op
+# into fresh outputs, measures the CPU's page faults; on the GPU the caching allocator makes
+# new outputs free and it reads about the copy probe's bandwidth (docs/perf-notes.md, as above).
+GPU_FULL_ONLY = ("fresh-copy",)
+
+
+def wanted_providers(args: argparse.Namespace, known: Sequence[str],
+                     device: torch.device) -> list[str]:
+    """--providers, else the suite's providers (known) for the device."""
+    if args.providers is not None:
+        return list(args.providers)
+    if device.type == "cuda" and not getattr(args, "full", False):
+        return [p for p in known if p not in GPU_FULL_ONLY]
+    return list(known)
 
 
 def resolve_device(choice: str, cpu_memory: str = "reuse") -> torch.device:
@@ -146,9 +168,20 @@ def stop_at(args: argparse.Namespace) -> float | None:
     return args.stop_at
 
 
+def plan_device(args: argparse.Namespace) -> torch.device:
+    """The device a plan (python -m benchmarks --plan) is for: --device; auto plans the GPU
+    run (the one whose time is scarce), with or without a GPU here."""
+    return torch.device("cpu" if args.device == "cpu" else "cuda")
+
+
+# Seconds of repetitions per timed measurement. GPU: a few hundred of the norm suites' calls,
+# whose medians moved no more from 0.2 s to 0.1 s than between two runs at 0.2 s
+# (docs/perf-notes.md, 2026-11-27 "Where a GPU run's time goes").
+BUDGET_S = {"cpu": 0.35, "cuda": 0.1}
+QUICK_BUDGET_S = {"cpu": 0.1, "cuda": 0.05}
+
+
 def budget_s(args: argparse.Namespace, device: torch.device) -> float:
     if args.time_per_measurement is not None:
         return args.time_per_measurement
-    if args.quick:
-        return 0.1
-    return 0.2 if device.type == "cuda" else 0.35
+    return (QUICK_BUDGET_S if args.quick else BUDGET_S)[device.type]

@@ -62,7 +62,9 @@ METHOD = """\
   more than 1.25x apart): compare its rows by their ratios to the providers timed beside them.
 - **% of fresh-copy** (norm suites, in the full tables): the time of an op that only reads
   and writes the pass's rows into newly allocated outputs, over the provider's: the floor
-  of any op that returns new tensors (`benchmarks/floors.py`).
+  of any op that returns new tensors (`benchmarks/floors.py`). A GPU run times it with
+  `--full` only: there PyTorch's caching allocator makes new outputs free, and it reads
+  about the copy's bandwidth.
 - **Variants** (`add_layer_norm`, `add_rms_norm`): rows of the sum's variants beside the
   plain `s = x + r` (a float32 residual stream beside 16-bit input, dropout, dropout with a
   row scale; column "variant"), at a few cases. The summaries quote the plain cases; each

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from . import report
+
 FRESH_COPY = "fresh-copy"
 FLOOR_KEY = "pct_of_fresh_copy"
 
@@ -58,3 +60,19 @@ NOTE = (f"{FRESH_COPY}: the floor of an out-of-place op, timed like the provider
         "is its time over the provider's. Unlike the copy bandwidth (into a preallocated "
         "tensor), it pays what every provider pays for new outputs (under --cpu-memory fresh: "
         "the first-touch zeroing of fresh pages).")
+
+
+def note(providers) -> str:
+    """The notes' word on the floor: what it is, or that this run did not time it (a GPU
+    run times it only when named or with --full: benchmarks/cli.py GPU_FULL_ONLY)."""
+    if FRESH_COPY in providers:
+        return NOTE
+    return (f"{FRESH_COPY} (the floor of an op into freshly allocated outputs) not timed in "
+            "this run: on the GPU the caching allocator makes new outputs free, so it reads "
+            "about the copy bandwidth; --full or --providers naming it times it.")
+
+
+def columns(providers) -> list[report.Column]:
+    """The norm suites' table columns: ms, GB/s, % of the floor (when timed), x torch."""
+    floor = [report.FRESH_COPY] if FRESH_COPY in providers else []
+    return [report.MS, report.GBPS, *floor, report.SPEEDUP.without(FRESH_COPY)]

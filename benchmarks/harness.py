@@ -26,6 +26,9 @@ QUANTILES = [0.5, 0.2, 0.8]
 
 # Copy-bandwidth probe: large enough to stream from DRAM / HBM on any current device.
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
+# GPU: do_bench's warm-up (ms) at least, and the fewest calls its repetitions hold (long
+# calls: so that the quantiles mean something).
+WARMUP_MS, MIN_REPS = 25.0, 10
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,9 @@ def time_calls(
         end.record()
         torch.cuda.synchronize(device)
         estimate_ms = max(start.elapsed_time(end), 1e-3)
-        # Long calls get at least ~10 repetitions so that the quantiles mean something.
-        rep_ms = max(1000.0 * budget_s, 10 * estimate_ms)
+        rep_ms = max(1000.0 * budget_s, MIN_REPS * estimate_ms)
         ms, p20, p80 = triton.testing.do_bench(
-            fn, warmup=max(25.0, 2 * estimate_ms), rep=rep_ms, quantiles=QUANTILES
+            fn, warmup=max(WARMUP_MS, 2 * estimate_ms), rep=rep_ms, quantiles=QUANTILES
         )
         return Timing(ms, p20, p80)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family, bench_overhead, cli, stamp
+from benchmarks import (bench_gelu_ffn, bench_layer_norm, bench_norm_family, bench_overhead, cli,
+                        plan, stamp)
 
 SUITES = {suite.SUITE: suite for suite in (bench_layer_norm, *bench_norm_family.SUITES.values(),
                                          bench_gelu_ffn, bench_overhead)}
@@ -25,7 +26,30 @@ def parser() -> argparse.ArgumentParser:
     cli.add_common_arguments(p)
     p.add_argument("--suites", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                    default=list(SUITES), help=f"comma list among {', '.join(SUITES)}")
+    p.add_argument("--plan", action="store_true",
+                   help="print what the run would time (per suite: cases, timings, "
+                        "torch.compile compilations) and its estimated GPU time, and run "
+                        "nothing; --device auto plans the GPU run, with or without a GPU here")
     return p
+
+
+# The options of `python -m benchmarks` that every suite's own parser takes too.
+SHARED = ("device", "passes", "quick", "full", "out", "save", "time_per_measurement",
+          "cpu_memory", "stop_after")
+
+
+def suite_arguments(module, args: argparse.Namespace) -> argparse.Namespace:
+    """A suite's own arguments: its defaults, with the run's shared options."""
+    suite_args = module.parser().parse_args([])
+    for key in SHARED:
+        if hasattr(suite_args, key):
+            setattr(suite_args, key, getattr(args, key))
+    return suite_args
+
+
+def plans(args: argparse.Namespace) -> list[plan.SuitePlan]:
+    """Each suite's plan for the run args describe."""
+    return [SUITES[name].plan(suite_arguments(SUITES[name], args)) for name in args.suites]
 
 
 def where_note(folder: Path, out: Path) -> str:
@@ -45,10 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
         raise SystemExit(f"unknown suite(s) {unknown}; choose among {list(SUITES)}")
+    if args.plan:
+        print(plan.describe(plans(args)), end="")
+        return
     out = cli.out_root(args)
     cli.warn_unpublishable(args)
     device = cli.resolve_device(args.device, args.cpu_memory)
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)
+    if device.type == "cuda":
+        estimate = plan.total_s(plans(args))
+        print(f"estimated {estimate / 60:.1f} min on {plan.COSTS['device']} (python -m "
+              "benchmarks --plan shows the plan)", file=sys.stderr)
     deadline = cli.stop_at(args)  # one deadline for the whole run
     failed, folders, not_started = [], [], []
     for name in args.suites:
@@ -56,11 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             not_started.append(name)
             continue
         module = SUITES[name]
-        suite_args = module.parser().parse_args([])
-        for key in ("device", "passes", "quick", "out", "save", "time_per_measurement",
-                    "cpu_memory", "stop_after"):
-            if hasattr(suite_args, key):
-                setattr(suite_args, key, getattr(args, key))
+        suite_args = suite_arguments(module, args)
         suite_args.stop_at = deadline
         start = time.monotonic()
         try:

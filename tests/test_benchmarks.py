@@ -363,8 +363,8 @@ def test_variant_bytes_count_the_float32_stream_and_the_distinct_dx():
 
 def test_default_variant_cases_are_few():
     """Plain at every default case; the other variants at bf16 only, on the CPU at one shape
-    (and not plain dropout) and on the GPU at VARIANT_GPU_NS (quick: fewer), every case with
-    --all-variant-cases; none in rms_norm."""
+    (and not plain dropout) and on the GPU at VARIANT_GPU_NS (quick: not plain dropout;
+    --full: VARIANT_GPU_FULL_NS), every case with --all-variant-cases; none in rms_norm."""
     from benchmarks import bench_norm_family as family
 
     def variant_cases(suite, device, *argv):
@@ -381,10 +381,13 @@ def test_default_variant_cases_are_few():
     assert [v for *_, v in others] == ["dropout"]
     others, _ = variant_cases("add_layer_norm", "cuda", "--quick")
     assert sorted(v for *_, v in others) == ["dropout-rowscale", "fp32-residual"]
-    assert {N for _, _, N, _ in others} == set(family.VARIANT_GPU_NS[:1])
+    assert {N for _, _, N, _ in others} == set(family.VARIANT_GPU_NS)
     others, _ = variant_cases("add_layer_norm", "cuda")
     assert sorted(set(v for *_, v in others)) == ["dropout", "dropout-rowscale", "fp32-residual"]
     assert {(d, N) for d, M, N, _ in others} == {(torch.bfloat16, n) for n in family.VARIANT_GPU_NS}
+    others, _ = variant_cases("add_layer_norm", "cuda", "--full")
+    assert {(d, N) for d, M, N, _ in others} == {
+        (torch.bfloat16, n) for n in family.VARIANT_GPU_FULL_NS}
     others, _ = variant_cases("add_layer_norm", "cuda", "--all-variant-cases")
     assert len({N for *_, N, _ in others}) == len(family.GPU_NS)
     assert {d for d, *_ in others} == set(family.GPU_DTYPES)  # fp32-residual: 16-bit only

@@ -65,6 +65,19 @@ def _bwd_table(buckets: str) -> Edit:
                 "struct BwdVecBucketList {\n  static constexpr Bucket kList[] = " + buckets + ";")
 
 
+KERNELS = "cuda/norm_kernels.cuh"
+
+
+def _fwd_grid(blocks: str) -> Edit:
+    """The forward launcher's grid.x (rows_grid's one wave of resident blocks) replaced by
+    `blocks`, an expression of that grid and row_groups (a block per group of rows)."""
+    return Edit(KERNELS, "const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);",
+                "dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);\n"
+                "    const int64_t row_groups = std::max<int64_t>(\n"
+                "        1, std::min<int64_t>(ceil_div(p.M, RowLayout<kTpr>::kRows), INT_MAX));\n"
+                f"    grid.x = static_cast<unsigned>({blocks});")
+
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -103,6 +116,43 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
                 CONFIG, "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024)",
                 "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ||\n"
                 "                     (sizeof(T) == 4 && RowLayout<TPR>::kBlock == 128) ? 512 : 1024)"),),
+        }),
+    Question(
+        "fwd_ceiling",
+        "H200: the 16-bit forwards stop at 80-84% of copy at N = 1024-16384, LayerNorm's "
+        "(2026-11-27, 46ed965) and RMSNorm's alike (781b7f6), though RMSNorm's kernels "
+        "issue about a quarter fewer SASS instructions per element; torch.compile reaches "
+        "93-99% at N = 8192-16384. Is the ceiling the one-wave grid (each block loops over "
+        "rows: loads, reductions, stores, with no loads in flight in between) or the caching "
+        "of x and y (each touched once)?",
+        _units(["layer_norm", "rms_norm"], ["fwd"], ["bf16"]) + _units(["layer_norm"], ["fwd"], ["f32"]),
+        {
+            # Four times the resident blocks: the hardware hands rows out as blocks finish.
+            "grid_x4": (_fwd_grid("std::min<int64_t>(int64_t(grid.x) * 4, row_groups)"),),
+            # A block per row group: no loop over rows.
+            "grid_all_rows": (_fwd_grid("row_groups"),),
+            # x read and y (and the sum) written with the evict-first (streaming) hint.
+            "stream_hints": (
+                Edit("cuda/device_utils.cuh", '"st.global.v4.b32 [%0]',
+                     '"st.global.cs.v4.b32 [%0]'),
+                Edit("cuda/device_utils.cuh",
+                     "// Whether p may be read by 16-byte accesses",
+                     "template <int VEC, typename T>\n"
+                     "__device__ __forceinline__ Pack<T, VEC> load_pack_cs(const T* p) {\n"
+                     "#ifndef FUSEDNORM_EMULATION\n"
+                     "  if constexpr (sizeof(Pack<T, VEC>) == 16) {\n"
+                     "    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));\n"
+                     "    Pack<T, VEC> out;\n"
+                     "    memcpy(&out, &w, sizeof(w));\n"
+                     "    return out;\n"
+                     "  }\n"
+                     "#endif\n"
+                     "  return load_pack<VEC>(p);\n"
+                     "}\n\n"
+                     "// Whether p may be read by 16-byte accesses"),
+                Edit(KERNELS, "xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));",
+                     "xs[i] = pack_as<T>(load_pack_cs<VEC>(p.x + first + i * kStride));"),
+            ),
         }),
 )}
 

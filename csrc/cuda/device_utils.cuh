@@ -126,13 +126,22 @@ __device__ __forceinline__ T shfl_xor(T v, int mask) {
   return __shfl_xor_sync(kFullMask, v, mask);
 }
 
-// Sum over the 32 lanes of a warp, the same bits in every lane (the butterfly's two
-// partners add the same two operands, and addition commutes).
+// Sum over each aligned group of kGroup lanes (a power of two), the same bits in every lane
+// of the group (the butterfly's two partners add the same two operands, and addition
+// commutes).
+template <int kGroup, typename acc_t>
+__device__ __forceinline__ acc_t group_sum(acc_t v) {
+  static_assert(kGroup > 0 && kGroup <= kWarpSize && (kGroup & (kGroup - 1)) == 0,
+                "lanes per group: a power of two up to a warp");
+#pragma unroll
+  for (int mask = 1; mask < kGroup; mask <<= 1) v += shfl_xor(v, mask);
+  return v;
+}
+
+// Sum over the 32 lanes of a warp, the same bits in every lane.
 template <typename acc_t>
 __device__ __forceinline__ acc_t warp_sum(acc_t v) {
-#pragma unroll
-  for (int mask = 1; mask < kWarpSize; mask <<= 1) v += shfl_xor(v, mask);
-  return v;
+  return group_sum<kWarpSize>(v);
 }
 
 template <typename acc_t>

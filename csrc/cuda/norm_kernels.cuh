@@ -148,6 +148,9 @@ __device__ __forceinline__ WelfordState<acc_t> merge_lanes(const acc_t (&mean)[k
 // any thread (the callers alternate two buffers, so one barrier per reduction suffices).
 // Every value is reduced whether used or not: a shuffle under a condition the compiler
 // cannot prove uniform made the 16-bit backward buckets of 4 packs spill.
+// The warps' partial sums: with a power-of-two count, each group of kWarps lanes holds them
+// all and sums them in log2(kWarps) steps (the issue-bound forward runs two of these per row);
+// otherwise lanes past kWarps hold 0 and the whole warp sums.
 template <int kWarps, int K, typename acc_t>
 __device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
 #pragma unroll
@@ -160,8 +163,13 @@ __device__ __forceinline__ void row_sums(acc_t (&v)[K], acc_t* red) {
       for (int k = 0; k < K; ++k) red[K * warp + k] = v[k];
     }
     __syncthreads();
+    if constexpr ((kWarps & (kWarps - 1)) == 0) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < kWarps ? red[K * lane + k] : acc_t(0));
+      for (int k = 0; k < K; ++k) v[k] = group_sum<kWarps>(red[K * (lane % kWarps) + k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < kWarps ? red[K * lane + k] : acc_t(0));
+    }
   }
 }
 
@@ -599,9 +607,16 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
               const int l = e % kLanes;
               const acc_t inv_count = acc_t(1) / acc_t(i * kPerPack + e / kLanes + 1);
               const acc_t v = pack_acc(xs[i], e) - shift;
-              const acc_t delta = v - lane_mean[l];
-              lane_mean[l] = fma_acc(delta, inv_count, lane_mean[l]);
-              lane_m2[l] = fma_acc(delta, v - lane_mean[l], lane_m2[l]);
+              if (i == 0 && e < kLanes) {
+                // A lane's first value: mean v, m2 0, what the update gives for a finite v
+                // (an infinite one makes the row's statistics NaN either way), 3 operations
+                // fewer.
+                lane_mean[l] = v;
+              } else {
+                const acc_t delta = v - lane_mean[l];
+                lane_mean[l] = fma_acc(delta, inv_count, lane_mean[l]);
+                lane_m2[l] = fma_acc(delta, v - lane_mean[l], lane_m2[l]);
+              }
             }
           }
         }
