@@ -78,6 +78,47 @@ def _fwd_grid(blocks: str) -> Edit:
                 f"    grid.x = static_cast<unsigned>({blocks});")
 
 
+_FWD_ROW_LOOP = ("    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {\n"
+                 "      const int64_t row = g * Layout::kRows + slot;\n"
+                 "      const bool row_ok = row < p.M;\n"
+                 "      const int64_t row_start = row_ok ? row * p.N : 0;\n")
+
+# The forward reads the x packs of a block's next row before the current row's reductions
+# (software pipelining across the row loop), in the buckets of up to 4 packs a thread (those of
+# 8 spilled with it even at 128 registers), with the 768-thread bound (80 registers: at 64 the
+# 4-pack buckets spilled 20 bytes).
+_FWD_PREFETCH_768 = (
+    Edit(KERNELS, _FWD_ROW_LOOP,
+         "    constexpr bool kAhead = ITEMS <= 4;\n"
+         "    Pack<IO, VEC> ahead[kAhead ? ITEMS : 1];  // x of this block's next row\n"
+         "    const auto fetch = [&](int64_t g2) {\n"
+         "      const int64_t row2 = g2 * Layout::kRows + slot;\n"
+         "      if constexpr (kAhead) {\n"
+         "        if (g2 < groups && row2 < p.M) {\n"
+         "          const int64_t first2 = row2 * p.N + col0 + int64_t(tid) * VEC;\n"
+         "          for (int i = 0; i < ITEMS; ++i) {\n"
+         "            if ((i * TPR + tid) * VEC < len) {\n"
+         "              ahead[i] = load_pack<VEC>(p.x + first2 + int64_t(i) * TPR * VEC);\n"
+         "            }\n"
+         "          }\n"
+         "        }\n"
+         "      }\n"
+         "    };\n"
+         "    fetch(blockIdx.x);\n" + _FWD_ROW_LOOP),
+    Edit(KERNELS, "xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));",
+         "xs[i] = pack_as<T>([&] {\n"
+         "            if constexpr (kAhead) {\n"
+         "              return ahead[i];\n"
+         "            } else {\n"
+         "              return load_pack<VEC>(p.x + first + i * kStride);\n"
+         "            }\n"
+         "          }());"),
+    Edit(KERNELS, "      acc_t shift = 0;\n", "      fetch(g + gridDim.x);\n      acc_t shift = 0;\n"),
+    Edit(CONFIG, "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024)",
+         "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 768)"),
+)
+
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -122,15 +163,18 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
         "H200: the 16-bit forwards stop at 80-84% of copy at N = 1024-16384, LayerNorm's "
         "(2026-11-27, 46ed965) and RMSNorm's alike (781b7f6), though RMSNorm's kernels "
         "issue about a quarter fewer SASS instructions per element; torch.compile reaches "
-        "93-99% at N = 8192-16384. Is the ceiling the one-wave grid (each block loops over "
-        "rows: loads, reductions, stores, with no loads in flight in between) or the caching "
-        "of x and y (each touched once)?",
+        "93-99% at N = 8192-16384, and the add ops' forwards (two input streams) up to 94%. "
+        "Is it the bytes in flight (a block loads a row, then reduces and writes it with no "
+        "load outstanding), the one-wave grid (blocks in step), or the caching of x and y "
+        "(each touched once)?",
         _units(["layer_norm", "rms_norm"], ["fwd"], ["bf16"]) + _units(["layer_norm"], ["fwd"], ["f32"]),
         {
             # Four times the resident blocks: the hardware hands rows out as blocks finish.
             "grid_x4": (_fwd_grid("std::min<int64_t>(int64_t(grid.x) * 4, row_groups)"),),
             # A block per row group: no loop over rows.
             "grid_all_rows": (_fwd_grid("row_groups"),),
+            # The next row's x loaded before this row's reductions (more bytes in flight).
+            "prefetch_768": _FWD_PREFETCH_768,
             # x read and y (and the sum) written with the evict-first (streaming) hint.
             "stream_hints": (
                 Edit("cuda/device_utils.cuh", '"st.global.v4.b32 [%0]',
