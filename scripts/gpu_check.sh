@@ -9,6 +9,8 @@
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]      default: $OUT if set, else gpu_check_results/
 #   PHASES="build tests"  bash scripts/gpu_check.sh     a subset (build tests sanitize bench)
+#   PHASES=profile bash scripts/gpu_check.sh   Nsight Compute on PROFILE_CASES (not in the
+#                       default phases; needs a build: run it after one, about 10 s a case)
 #   BENCH_ARGS="--quick"  bash scripts/gpu_check.sh     options for python -m benchmarks
 #   PYTEST_K="cuda and not slow" bash scripts/gpu_check.sh   a -k filter for the test phase
 #   PYTEST_ARGS="-x"      bash scripts/gpu_check.sh     more options for its pytest
@@ -23,7 +25,8 @@
 #                       one archive at exit (for a device tool that brings back few files)
 #
 # In OUT_DIR: build.log, tests.log + tests.xml (JUnit), sanitize.log, bench.log with the
-# benchmark results in bench/, build_info.json, nvidia-smi.txt, summary.md. Exits non-zero
+# benchmark results in bench/, profile/ (one ncu report a case), build_info.json,
+# nvidia-smi.txt, summary.md. Exits non-zero
 # if any phase failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -182,6 +185,33 @@ if wants bench; then
     > "$OUT_DIR/bench.log" 2>&1
   code=$?
   phase_result bench $code $((SECONDS - start)) "results in bench/ ($(ls "$OUT_DIR/bench" 2>/dev/null | tr '\n' ' '))"
+fi
+
+# Nsight Compute, one launch of each case's row kernel after two warm-up launches
+# (benchmarks/ncu_case.py): where the forward's and the long rows' backward's time goes
+# (stall reasons, issue, DRAM throughput, occupancy). Cases: "op pass dtype M N", ';'-separated.
+PROFILE_CASES=${PROFILE_CASES:-"layer_norm fwd bf16 16384 4096;rms_norm fwd bf16 16384 4096;layer_norm fwd fp32 16384 4096;add_layer_norm fwd bf16 16384 4096;layer_norm bwd bf16 4096 16384;rms_norm bwd bf16 4096 16384"}
+if wants profile; then
+  start=$SECONDS
+  code=0 done_cases=0
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu "$CUDA_HOME/bin/ncu" 2>/dev/null | head -n 1)
+  if [[ -z "$NCU" ]]; then
+    code=127
+  else
+    mkdir -p "$OUT_DIR/profile"
+    IFS=';' read -ra cases <<< "$PROFILE_CASES"
+    for c in "${cases[@]}"; do
+      read -r op pass dtype M N <<< "$c"
+      # --clock-control none: the clocks a benchmark runs at, not ncu's base clocks.
+      limited "$NCU" --clock-control none --kernel-name "regex:norm_${pass}_kernel" \
+        --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --section InstructionStats \
+        "$PYTHON" -m benchmarks.ncu_case $c > "$OUT_DIR/profile/${c// /_}.txt" 2>&1 || code=$?
+      done_cases=$((done_cases + 1))
+    done
+  fi
+  phase_result profile $code $((SECONDS - start)) "${NCU:-no ncu found}: $done_cases cases in profile/"
 fi
 
 echo
