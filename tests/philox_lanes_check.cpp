@@ -1,4 +1,4 @@
-// tests/test_philox_lanes.py compiles this with the build's SIMD flags: the CPU dropout's
+// tests/test_philox_lanes.py compiles this with each SIMD level's flags: the CPU dropout's
 // vectorized draws (cpu/philox_lanes.h) and RowMultipliers::fill against the scalar
 // philox::draws and the mask rule, element by element. Prints the mismatches and exits 1 on
 // any.
@@ -90,7 +90,7 @@ int main() {
   check_fill(7, 0xFFFFFFFCull, 0.1, 1023, 5, 256);
   check_fill(7, 8, 1.0, 37, 3, 16);
 #if defined(FUSEDNORM_PHILOX_LANES)
-  std::printf("AVX2 lanes: ");
+  std::printf("%d lanes: ", int(cpu::philox_lanes::kLanes));
 #else
   std::printf("scalar: ");
 #endif
