@@ -81,9 +81,11 @@ int main() {
     }
   }
   // Rows that are not multiples of 4 or of a register, filled whole, by 1 .. 33 columns and
-  // by the forward's 256, at p = 0.5, a small p, and p = 1.
-  for (const int64_t N : {int64_t(1), int64_t(3), int64_t(7), int64_t(33), int64_t(95), int64_t(257), int64_t(1000), int64_t(1027)}) {
-    for (const int64_t piece : {int64_t(1), int64_t(5), int64_t(16), int64_t(32), int64_t(33), int64_t(256), int64_t(1) << 20}) {
+  // by 256 and by the forward's 1024, at p = 0.5, a small p, and p = 1.
+  const int64_t lengths[] = {1, 3, 7, 33, 95, 257, 1000, 1027};
+  const int64_t pieces[] = {1, 5, 16, 32, 33, 256, 1024, int64_t(1) << 20};
+  for (const int64_t N : lengths) {
+    for (const int64_t piece : pieces) {
       check_fill(0x9E3779B97F4A7C15ull, 12, 0.5, N, 9, piece);
     }
   }

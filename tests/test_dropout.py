@@ -104,9 +104,9 @@ def _rng_state_full(kind, x, r, w, b, p, rowscale):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [F32, F64, torch.bfloat16])
-@pytest.mark.parametrize("rows, n", [(3, 1027), (5, 600), (17, 3), (2, 8192)])
+@pytest.mark.parametrize("rows, n", [(3, 1027), (5, 2500), (17, 3), (2, 8192)])
 def test_mask_of_long_and_odd_rows_bitwise(device, dtype, rows, n):
-    """Rows over several of the CPU's 256-column fills, with a partial last one, and rows
+    """Rows over several of the CPU's 1024-column fills, with a partial last one, and rows
     shorter than a quad (draws across row boundaries): the sum and dropout_scale bit for
     bit the reference mask's, and the backward's input gradient dropout_scale's. (p = 0.5:
     1 / (1 - p) exact, the kernels' factor rounds once.)"""

@@ -3,7 +3,7 @@ philox::draws, and RowMultipliers::fill against the mask rule, element by elemen
 tests/philox_lanes_check.cpp compiled with setup.py's flags for each SIMD level this CPU
 runs (AVX-512: 16 lanes, AVX2: 8 lanes, default: the scalar loop), the build's among them.
 Counters whose low word wraps inside a register, many seeds and offsets, every count of
-quads up to 40 and 1000, and rows of 1 .. 1027 columns filled in pieces of 1 .. 256 columns
+quads up to 40 and 1000, and rows of 1 .. 1027 columns filled in pieces of 1 .. 1024 columns
 and whole.
 
 Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is

@@ -46,8 +46,8 @@ struct RowMultipliers {
     const uint64_t first = static_cast<uint64_t>(row * N + col);
     uint64_t quad = first >> 2;
     int64_t skip = static_cast<int64_t>(first & 3);  // the first quad's draws before col
-    constexpr int64_t kQuads = 64;
-    alignas(32) uint32_t draws[4 * kQuads];
+    constexpr int64_t kQuads = 256;
+    alignas(64) uint32_t draws[4 * kQuads];
     for (int64_t j = 0; j < count;) {
       const int64_t take = std::min<int64_t>(count - j, 4 * kQuads - skip);
       const int64_t quads = (skip + take + 3) >> 2;
@@ -70,8 +70,9 @@ void add_row_scaled(const A* a, const B* b, S* s, int64_t N, int64_t row,
   constexpr int64_t H = Vec::size();
   static_assert(VecIO<B, acc_t>::kWidth == W && VecIO<S, acc_t>::kWidth == W && W == 2 * H);
   const acc_t f = mult.factor(row);
-  // The multipliers kChunk columns at a time: one fill per chunk keeps the draws' lanes full.
-  constexpr int64_t kChunk = 256;
+  // The multipliers kChunk columns at a time: one fill per chunk keeps the draws' lanes full
+  // (a chunk that starts inside a quad ends with one quad's registers mostly idle).
+  constexpr int64_t kChunk = 1024;
   static_assert(kChunk % W == 0);
   alignas(64) acc_t m[kChunk];
   for (int64_t chunk = 0; chunk < N; chunk += kChunk) {
@@ -102,7 +103,7 @@ template <typename G, typename O, typename acc_t>
 void dropout_scale_rows(const G* grad, O* out, int64_t M, int64_t N,
                         const RowMultipliers<acc_t>& mult) {
   parallel_chunks(M, row_grain(N), [&](int64_t begin, int64_t end) {
-    constexpr int64_t kBlock = 256;
+    constexpr int64_t kBlock = 1024;  // the multipliers a fill at a time, as add_row_scaled
     acc_t m[kBlock];
     for (int64_t row = begin; row < end; ++row) {
       const acc_t f = mult.factor(row);
