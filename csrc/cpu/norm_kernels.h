@@ -768,16 +768,19 @@ C10_ALWAYS_INLINE void store_input_grad(const NormBwdArgs<T, acc_t, D>& a, int64
     VecIO<T, acc_t>::store(rounded, lo, hi);
     VecIO<T, acc_t>::load(rounded, rlo, rhi);
   }
-  alignas(64) acc_t m[W];
   const int64_t lanes = kPartial ? count : W;  // a tail's W columns all lie in the row
-  if (row_m != nullptr) {
-    std::copy(row_m + i, row_m + i + lanes, m);
+  Vec mlo, mhi;
+  if (row_m != nullptr) {  // loadu with a count: the lanes past it are 0
+    mlo = Vec::loadu(row_m + i, std::min<int64_t>(lanes, H));
+    mhi = Vec::loadu(row_m + i + H, std::max<int64_t>(lanes - H, 0));
   } else {
+    alignas(64) acc_t m[W];
     a.multipliers.fill(row, i, lanes, a.multipliers.factor(row), m);
+    for (int64_t j = lanes; j < W; ++j) m[j] = acc_t(0);
+    mlo = Vec::loadu(m);
+    mhi = Vec::loadu(m + H);
   }
-  for (int64_t j = lanes; j < W; ++j) m[j] = acc_t(0);
-  store_block<kPartial, false>(a.dx_input + row * a.N + i, count, rlo * Vec::loadu(m),
-                               rhi * Vec::loadu(m + H));
+  store_block<kPartial, false>(a.dx_input + row * a.N + i, count, rlo * mlo, rhi * mhi);
 }
 
 // Row statistics of a backward tile: the forward's mean and rstd, and row_grad_means.
