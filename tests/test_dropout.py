@@ -103,6 +103,38 @@ def _rng_state_full(kind, x, r, w, b, p, rowscale):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [F32, F64, torch.bfloat16])
+@pytest.mark.parametrize("rows, n", [(3, 1027), (5, 2500), (17, 3), (2, 8192)])
+def test_mask_of_long_and_odd_rows_bitwise(device, dtype, rows, n):
+    """Rows over several of the CPU's 1024-column fills, with a partial last one, and rows
+    shorter than a quad (draws across row boundaries): the sum and dropout_scale bit for
+    bit the reference mask's, and the backward's input gradient dropout_scale's. (p = 0.5:
+    1 / (1 - p) exact, the kernels' factor rounds once.)"""
+    x = random_input((rows, n), dtype, device, seed=1).requires_grad_()
+    r = random_input((rows, n), dtype, device, seed=2)
+    acc = F64 if dtype == F64 else F32
+    rowscale = random_input((rows,), acc, device, seed=3, scale=0.5, shift=1.0)
+    torch.manual_seed(99)
+    torch.randn(3)  # an offset drawn from the generator, not 0
+    outs = torch.ops.fusednorm.add_rms_norm(x, r, (n,), None, 1e-6, dropout_p=0.5,
+                                            rowscale=rowscale)
+    state = outs[-1]
+    seed, offset = (int(v) for v in state.cpu())
+    m = reference.dropout_multipliers(x.shape, 1, 0.5, seed, offset, rowscale)
+    assert torch.equal(outs[1], _expected_sum(x.detach(), r, m, dtype))
+    g = random_input((rows, n), acc, device, seed=4, scale=1.0, shift=0.0)
+    scaled = torch.ops.fusednorm.dropout_scale(g, rowscale, state, 0.5, dtype)
+    assert torch.equal(scaled, (g * m.to(device, acc)).to(dtype))
+    torch.manual_seed(99)
+    torch.randn(3)
+    out, s = fusednorm.add_rms_norm(x, r, (n,), None, 1e-6, dropout_p=0.5, rowscale=rowscale)
+    gs = random_input((rows, n), dtype, device, seed=5, scale=1.0, shift=0.0)
+    (grad_x,) = torch.autograd.grad([s], [x], [gs])
+    assert torch.equal(grad_x, torch.ops.fusednorm.dropout_scale(gs, rowscale, state, 0.5,
+                                                                 dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_three_way_accuracy(device, kind, dtype):

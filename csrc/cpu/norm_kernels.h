@@ -752,10 +752,11 @@ struct NormBwdArgs {
 
 // dx_input = round_D(round_T(v) * m) over the columns [i, i + kWidth) of row `row` (a short
 // block: the `count` from i), v the block's unrounded dx: the second pass of
-// dropout_scale_rows done while the row is in registers.
+// dropout_scale_rows done while the row is in registers. row_m: the row's multipliers
+// (norm_bwd_tile's, with dropout), else null: fill's for the block.
 template <typename T, typename acc_t, bool kPartial, typename D>
 C10_ALWAYS_INLINE void store_input_grad(const NormBwdArgs<T, acc_t, D>& a, int64_t row,
-                                        int64_t i, int64_t count,
+                                        int64_t i, int64_t count, const acc_t* row_m,
                                         const Vectorized<acc_t>& lo,
                                         const Vectorized<acc_t>& hi) {
   using Vec = Vectorized<acc_t>;
@@ -767,12 +768,19 @@ C10_ALWAYS_INLINE void store_input_grad(const NormBwdArgs<T, acc_t, D>& a, int64
     VecIO<T, acc_t>::store(rounded, lo, hi);
     VecIO<T, acc_t>::load(rounded, rlo, rhi);
   }
-  alignas(64) acc_t m[W];
   const int64_t lanes = kPartial ? count : W;  // a tail's W columns all lie in the row
-  a.multipliers.fill(row, i, lanes, a.multipliers.factor(row), m);
-  for (int64_t j = lanes; j < W; ++j) m[j] = acc_t(0);
-  store_block<kPartial, false>(a.dx_input + row * a.N + i, count, rlo * Vec::loadu(m),
-                               rhi * Vec::loadu(m + H));
+  Vec mlo, mhi;
+  if (row_m != nullptr) {  // loadu with a count: the lanes past it are 0
+    mlo = Vec::loadu(row_m + i, std::min<int64_t>(lanes, H));
+    mhi = Vec::loadu(row_m + i + H, std::max<int64_t>(lanes - H, 0));
+  } else {
+    alignas(64) acc_t m[W];
+    a.multipliers.fill(row, i, lanes, a.multipliers.factor(row), m);
+    for (int64_t j = lanes; j < W; ++j) m[j] = acc_t(0);
+    mlo = Vec::loadu(m);
+    mhi = Vec::loadu(m + H);
+  }
+  store_block<kPartial, false>(a.dx_input + row * a.N + i, count, rlo * mlo, rhi * mhi);
 }
 
 // Row statistics of a backward tile: the forward's mean and rstd, and row_grad_means.
@@ -782,6 +790,7 @@ struct TileStats {
   acc_t xhat_offset[kRowTile];    // normalized()'s offset, the correction included
   acc_t dx_offset[kRowTile];      // -rstd * mean(g)
   acc_t dx_xhat_scale[kRowTile];  // rstd * mean(g * xhat), of the corrected xhat
+  const acc_t* multipliers = nullptr;  // kInputGrad with dropout: the tile's, rows N apart
 };
 
 // Whether a tile's dx may use the bfloat16 rounding without a NaN mask. That rounding is
@@ -902,7 +911,8 @@ C10_ALWAYS_INLINE void norm_bwd_column_block(const NormBwdArgs<T, acc_t, D>& a, 
   }
   if constexpr (kInputGrad) {
     for (int64_t r = 0; r < kRows; ++r) {
-      store_input_grad<T, acc_t, kPartial>(a, row + r, i, count, out_lo[r], out_hi[r]);
+      const acc_t* row_m = s.multipliers != nullptr ? s.multipliers + r * N : nullptr;
+      store_input_grad<T, acc_t, kPartial>(a, row + r, i, count, row_m, out_lo[r], out_hi[r]);
     }
   }
   if constexpr (kParamGrads) {
@@ -995,6 +1005,18 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t, D>& a, int64_t row, int64_t rows,
     s.xhat_offset[r] = xhat_offset<T>(s.mean[r], s.rstd[r], correction);
     s.dx_offset[r] = -s.rstd[r] * mean_g;
     s.dx_xhat_scale[r] = s.rstd[r] * (mean_gx - correction * mean_g);
+  }
+  // With dropout, the input gradient's multipliers of the whole tile first: a fill per row
+  // keeps the draws' vector lanes full, where one per column block left half of them idle.
+  ScratchHandle own_multipliers;
+  if constexpr (kInputGrad) {
+    if (a.multipliers.dropout.active()) {
+      acc_t* m = thread_scratch<acc_t, ScratchSlot::kMultipliers>(rows * N, own_multipliers);
+      for (int64_t r = 0; r < rows; ++r) {
+        a.multipliers.fill(row + r, 0, N, a.multipliers.factor(row + r), m + r * N);
+      }
+      s.multipliers = m;
+    }
   }
   alignas(kCacheLine) char stage[kStageBytes];  // uninitialized: costs no time unused
   T* dx_tile = path == OutputPath::kStaged ? reinterpret_cast<T*>(stage) : a.dx + row * N;

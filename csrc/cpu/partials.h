@@ -45,7 +45,7 @@ using ScratchHandle = std::unique_ptr<void, FreeDeleter>;
 
 // What one call holds at once gets a slot each: the same slot twice in one call would hand
 // out the same memory.
-enum class ScratchSlot { kPartials, kParams };
+enum class ScratchSlot { kPartials, kParams, kMultipliers };
 
 template <typename T, ScratchSlot kSlot = ScratchSlot::kPartials>
 T* thread_scratch(int64_t count, ScratchHandle& own) {
