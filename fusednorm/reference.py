@@ -108,7 +108,8 @@ def dropout_multipliers(shape: Sequence[int], dims: int, dropout_p: float, seed:
     rng_state), as float64 of `shape`: element i of the [M, N] rows (N the last `dims`
     dims) is kept when output i % 4 of Philox4x32-10(counter (i // 4, offset), key seed) is
     >= round(p * 2^32); a kept one is 1 / (1 - p) (0 for p = 1) times its row's rowscale.
-    The kernels round the factor once to their computation type: compare within that."""
+    The kernels round 1 / (1 - p) to their computation type, then its product with the
+    rowscale: compare within those two roundings."""
     numel = 1
     for d in shape:
         numel *= d
