@@ -269,18 +269,20 @@ def test_activation_checkpointing_recomputes_the_same_mask(device, use_reentrant
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16, F64])
-def test_backward_uses_the_forward_mask(device, kind, dtype):
+@pytest.mark.parametrize("p", [0.4, 0.0])
+def test_backward_uses_the_forward_mask(device, kind, dtype, p):
     """Gradients against float64 autograd of the reference with the forward's multipliers:
-    the input's is the sum's gradient times the mask (zero where dropped)."""
+    the input's is the sum's gradient times the mask (zero where dropped); p = 0 with a
+    rowscale: one factor a row, no draws (the kernels' path without a mask)."""
     lead, n = (6,), 95
     x = random_input((*lead, n), dtype, device, seed=1).requires_grad_()
     r = random_input((*lead, n), dtype, device, seed=2).requires_grad_()
     w = random_input((n,), dtype, device, seed=3).requires_grad_()
     rowscale = random_input(lead, F32, device, seed=4, scale=0.3)
     torch.manual_seed(5)
-    out, s = _call(kind, x, r, w, dropout_p=0.4, rowscale=rowscale)
-    state = [int(v) for v in _torch_ops_state(kind, x, r, w, 0.4, rowscale)]
-    m = reference.dropout_multipliers(x.shape, 1, 0.4, *state, rowscale).to(device)
+    out, s = _call(kind, x, r, w, dropout_p=p, rowscale=rowscale)
+    state = [int(v) for v in _torch_ops_state(kind, x, r, w, p, rowscale)] or [0, 0]  # p = 0: []
+    m = reference.dropout_multipliers(x.shape, 1, p, *state, rowscale).to(device)
     go = random_input(out.shape, dtype, device, seed=6, scale=1.0, shift=0.0)
     gs = random_input(s.shape, dtype, device, seed=7, scale=1.0, shift=0.0)
     torch.autograd.backward([out, s], [go, gs])

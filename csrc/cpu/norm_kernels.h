@@ -773,6 +773,9 @@ C10_ALWAYS_INLINE void store_input_grad(const NormBwdArgs<T, acc_t, D>& a, int64
   if (row_m != nullptr) {  // loadu with a count: the lanes past it are 0
     mlo = Vec::loadu(row_m + i, std::min<int64_t>(lanes, H));
     mhi = Vec::loadu(row_m + i + H, std::max<int64_t>(lanes - H, 0));
+  } else if (!a.multipliers.dropout.active()) {
+    // No draws: one factor for the row (rowscale, or 1); lanes past `count` are not stored.
+    mlo = mhi = Vec(a.multipliers.factor(row));
   } else {
     alignas(64) acc_t m[W];
     a.multipliers.fill(row, i, lanes, a.multipliers.factor(row), m);
