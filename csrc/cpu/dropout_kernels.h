@@ -77,12 +77,17 @@ void add_row_scaled(const A* a, const B* b, S* s, int64_t N, int64_t row,
   alignas(64) acc_t m[kChunk];
   for (int64_t chunk = 0; chunk < N; chunk += kChunk) {
     const int64_t columns = std::min<int64_t>(kChunk, N - chunk);
-    mult.fill(row, chunk, columns, f, m);
-    for (int64_t j = columns; j < (columns + W - 1) / W * W; ++j) m[j] = acc_t(0);
+    // Without draws every multiplier of the row is f: broadcast, no fill.
+    const bool uniform = !mult.dropout.active();
+    if (!uniform) {
+      mult.fill(row, chunk, columns, f, m);
+      for (int64_t j = columns; j < (columns + W - 1) / W * W; ++j) m[j] = acc_t(0);
+    }
     for (int64_t c = 0; c < columns; c += W) {
       const int64_t i = chunk + c;
       const int64_t count = std::min<int64_t>(W, columns - c);
-      const Vec mlo = Vec::loadu(m + c), mhi = Vec::loadu(m + c + H);
+      const Vec mlo = uniform ? Vec(f) : Vec::loadu(m + c);
+      const Vec mhi = uniform ? Vec(f) : Vec::loadu(m + c + H);
       Vec alo, ahi, blo, bhi;
       if (count == W) {
         VecIO<A, acc_t>::load(a + i, alo, ahi);

@@ -162,7 +162,12 @@ uint64_t state_hash(const at::mt19937_data_pod& s) {
   return h;
 }
 
-philox::Dropout draw_dropout(double p) {
+// The (seed, offset) of a dropout call on the default CPU generator (OffsetMemory's rule).
+struct PhiloxKey {
+  uint64_t seed, offset;
+};
+
+PhiloxKey draw_philox_key() {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -186,7 +191,7 @@ philox::Dropout draw_dropout(double p) {
   engine.set_data(left);
   impl->set_engine(engine);
   memory.remember(state_hash(left), offset + 4);
-  return {impl->current_seed(), offset, philox::dropout_threshold(p), philox::keep_scale(p)};
+  return {impl->current_seed(), offset};
 }
 
 // The multipliers of a norm_fwd call with dropout_p and rowscale whose mask is keyed by
@@ -208,16 +213,14 @@ RowMultipliers<acc_t> row_multipliers(double dropout_p, const OptTensor& rowscal
 template <typename acc_t>
 RowMultipliers<acc_t> forward_multipliers(double dropout_p, const OptTensor& rowscale,
                                           const OptTensor& rng_state, int64_t N) {
-  uint64_t seed = 0, offset = 0;
+  PhiloxKey key{0, 0};
   if (dropout_p > 0.0) {
-    const philox::Dropout drawn = draw_dropout(dropout_p);
-    seed = drawn.seed;
-    offset = drawn.offset;
+    key = draw_philox_key();
     int64_t* state = rng_state->mutable_data_ptr<int64_t>();
-    state[0] = static_cast<int64_t>(seed);
-    state[1] = static_cast<int64_t>(offset);
+    state[0] = static_cast<int64_t>(key.seed);
+    state[1] = static_cast<int64_t>(key.offset);
   }
-  return row_multipliers<acc_t>(dropout_p, rowscale, seed, offset, N);
+  return row_multipliers<acc_t>(dropout_p, rowscale, key.seed, key.offset, N);
 }
 
 Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTensor& weight,
