@@ -129,10 +129,12 @@ def test_two_variants_compile_and_load_side_by_side(tmp_path):
 
 class CpuNorm:
     """A stand-in for a variant's module on the CPU: fusednorm's CPU backend ops into the
-    sweep's preallocated outputs (off by `shift`, to play a wrong variant)."""
+    sweep's preallocated outputs (off by `shift`, or dropping grad_sum, to play a wrong
+    variant)."""
 
-    def __init__(self, shift=0.0):
+    def __init__(self, shift=0.0, drop_grad_sum=False):
         self.shift = shift
+        self.drop_grad_sum = drop_grad_sum
 
     def fwd(self, centered, x, residual, w, b, eps, y, s, mean, rstd):
         out, _, m, r = torch.ops.fusednorm.norm_fwd(x, residual, w, b, eps, centered)
@@ -143,6 +145,8 @@ class CpuNorm:
 
     def bwd(self, centered, dy, grad_sum, x, mean, rstd, w, dx, dw, db):
         stats = mean if mean is not None else torch.empty(0, dtype=rstd.dtype)
+        if self.drop_grad_sum:
+            grad_sum = None
         gx, gw, gb, _ = torch.ops.fusednorm.norm_bwd(dy, grad_sum, x, stats, rstd, w, db, centered)
         dx.copy_(gx + self.shift)
         dw.copy_(gw)
@@ -151,10 +155,10 @@ class CpuNorm:
 
 
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
-def test_run_case_on_cpu_stand_ins(kind, pass_):
+@pytest.mark.parametrize("pass_, grad_sum", [("fwd", False), ("bwd", False), ("bwd", True)])
+def test_run_case_on_cpu_stand_ins(kind, pass_, grad_sum):
     """run_case end to end on the CPU: inputs, the reference check (a variant off by 0.1 is
-    flagged, base passes), the copy and the rows."""
+    flagged, base passes; with grad_sum, one that drops it too), the copy and the rows."""
     import time
 
     def timer(fn):
@@ -162,10 +166,14 @@ def test_run_case_on_cpu_stand_ins(kind, pass_):
         fn()
         return (time.perf_counter() - start) * 1e3
 
-    case = sweep.Case("q", Unit(kind, pass_, "f32"), M=96, N=1000)
-    rows = sweep.run_case(case, {sweep.BASE: CpuNorm(), "q__off": CpuNorm(0.1)}, rounds=2,
-                          device="cpu", timer=timer)
+    case = sweep.Case("q", Unit(kind, pass_, "f32", grad_sum=grad_sum), M=96, N=1000)
+    modules = {sweep.BASE: CpuNorm(), "q__off": CpuNorm(0.1)}
+    if grad_sum:
+        modules["q__nogs"] = CpuNorm(drop_grad_sum=True)
+    rows = sweep.run_case(case, modules, rounds=2, device="cpu", timer=timer)
     by = {r["provider"]: r for r in rows}
-    assert set(by) == {sweep.BASE, "q__off", sweep.COPY}
+    assert set(by) == set(modules) | {sweep.COPY}
     assert by[sweep.BASE]["ok"] and not by["q__off"]["ok"]
+    assert grad_sum == ("q__nogs" in by) and not by.get("q__nogs", {"ok": False})["ok"]
+    assert by[sweep.BASE]["pass"] == ("bwd+grad_sum" if grad_sum else pass_)
     assert all(r["ms"] > 0 and r["pct_of_copy"] > 0 for r in rows)

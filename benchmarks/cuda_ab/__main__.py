@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.command == "list":
         for q in QUESTIONS.values():
-            units = ", ".join(f"{u.kind} {u.pass_} {u.tag}" for u in q.units)
+            units = ", ".join(f"{u.kind} {u.label} {u.tag}" for u in q.units)
             print(f"{q.name}: {', '.join(q.variants)}  [{units}]\n    {q.why}")
         return
     if args.command == "build-one":
@@ -98,11 +98,12 @@ def main(argv: list[str] | None = None) -> None:
         line = ", ".join(f"{r['provider'].split('__')[-1]} {r['pct_of_copy']:.1f}%"
                          f"{'' if r['ok'] else ' (off the reference!)'}" for r in case_rows)
         print(f"[{time.monotonic() - start:6.1f} s] {case.question} {case.unit.kind} "
-              f"{case.unit.pass_} {case.unit.tag} {case.M}x{case.N}: {line}", flush=True)
+              f"{case.unit.label} {case.unit.tag} {case.M}x{case.N}: {line}", flush=True)
     result = header("cuda_ab", torch.device("cuda"))
     result["definition"] = ("pct_of_copy: a copy_ of the pass's least bytes (fwd: x in, y "
-                            "out; bwd: dy and x in, dx out) over the provider's time, x 100; "
-                            "x_base: base's time over the provider's; medians of "
+                            "out; bwd: dy and x (and grad_sum) in, dx out) over the "
+                            "provider's time, x 100; x_base: base's time over the provider's; "
+                            "medians of "
                             f"{args.rounds} rounds in turns")
     result["questions"] = {q.name: {"why": q.why, "variants": {
         v: [vars(e) for e in edits] for v, edits in q.variants.items()}} for q in questions}

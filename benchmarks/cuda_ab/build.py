@@ -71,10 +71,11 @@ def write_tree(variant: str, edits: tuple[Edit, ...], units: tuple[Unit, ...],
         write(root / "csrc" / rel, text)
     tags = input_tags()
     sources = []
-    for unit in units:
+    for unit in units:  # (a grad_sum unit shares its file with the plain one)
         path = root / "src" / f"{unit.kind}_{unit.pass_}_{unit.tag}.cu"
-        write(path, instance_text(unit, tags))
-        sources.append(path)
+        if path not in sources:
+            write(path, instance_text(unit, tags))
+            sources.append(path)
     return root, sources
 
 

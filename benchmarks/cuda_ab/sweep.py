@@ -62,9 +62,10 @@ def cases(questions: list[Question], ns=DEFAULT_N, elements=DEFAULT_ELEMENTS,
 
 def pass_bytes(case: Case) -> int:
     """The least bytes the pass moves: forward reads x and writes y; backward reads dy and x
-    and writes dx (parameters and statistics, O(M + N), left out)."""
+    (and grad_sum) and writes dx (parameters and statistics, O(M + N), left out)."""
     size = torch.empty((), dtype=DTYPE[case.unit.tag]).element_size()
-    return (2 if case.unit.pass_ == "fwd" else 3) * case.M * case.N * size
+    tensors = 2 if case.unit.pass_ == "fwd" else 4 if case.unit.grad_sum else 3
+    return tensors * case.M * case.N * size
 
 
 def quantiles(samples: list[float]) -> tuple[float, float, float]:
@@ -94,7 +95,7 @@ def rows_for(case: Case, samples: dict[str, list[float]], ok: dict[str, bool]) -
     rows = []
     for name, (ms, p20, p80) in stats.items():
         rows.append({
-            "question": case.question, "kind": case.unit.kind, "pass": case.unit.pass_,
+            "question": case.question, "kind": case.unit.kind, "pass": case.unit.label,
             "dtype": case.unit.tag, "M": case.M, "N": case.N, "provider": name,
             "ms": ms, "ms_p20": p20, "ms_p80": p80,
             "gbps": pass_bytes(case) / ms / 1e6,
@@ -177,6 +178,7 @@ def tensors(case: Case, M: int, device: str, seed: int = 0) -> dict:
     t["mean"] = torch.empty(M, dtype=acc, device=device) if centered else None
     t["rstd"] = torch.empty(M, dtype=acc, device=device)
     t["dx"] = torch.empty_like(t["x"])
+    t["gs"] = rand(M, case.N, shift=0.0) if case.unit.grad_sum else None
     t["dw"] = torch.empty_like(t["w"])
     t["db"] = torch.empty_like(t["b"]) if centered else None
     return t
@@ -188,12 +190,12 @@ def call(module, case: Case, t: dict) -> Callable[[], None]:
     if case.unit.pass_ == "fwd":
         return lambda: module.fwd(t["centered"], t["x"], None, t["w"], t["b"], t["eps"], t["y"],
                                   None, t["mean"], t["rstd"])
-    return lambda: module.bwd(t["centered"], t["dy"], None, t["x"], t["mean"], t["rstd"], t["w"],
+    return lambda: module.bwd(t["centered"], t["dy"], t["gs"], t["x"], t["mean"], t["rstd"], t["w"],
                               t["dx"], t["dw"], t["db"])
 
 
 def reference_outputs(case: Case, t: dict) -> list[torch.Tensor]:
-    """float64 forward output, or dx, dweight (and dbias) of the backward."""
+    """float64 forward output, or dx (plus grad_sum), dweight (and dbias) of the backward."""
     from fusednorm import reference
 
     x = t["x"].double().requires_grad_()
@@ -206,7 +208,8 @@ def reference_outputs(case: Case, t: dict) -> list[torch.Tensor]:
     if case.unit.pass_ == "fwd":
         return [y.detach()]
     y.backward(t["dy"].double())
-    return [x.grad, w.grad] + ([b.grad] if b is not None else [])
+    dx = x.grad + t["gs"].double() if t["gs"] is not None else x.grad
+    return [dx, w.grad] + ([b.grad] if b is not None else [])
 
 
 def outputs(case: Case, t: dict) -> list[torch.Tensor]:

@@ -24,10 +24,17 @@ class Edit:
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """One compiled instance file: a kind, a pass and an input tag of norm_launch.h."""
+    """One compiled instance file: a kind, a pass and an input tag of norm_launch.h; with
+    grad_sum, the backward is timed with the residual's gradient added to dx (the add ops'
+    backward: the same file, a runtime pointer)."""
     kind: str  # "layer_norm" | "rms_norm"
     pass_: str  # "fwd" | "bwd"
     tag: str  # "bf16" | "f16" | "f32" | "f64"
+    grad_sum: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.pass_ + ("+grad_sum" if self.grad_sum else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +134,15 @@ _BWD_SHARED_SUMS = Edit(CONFIG, "constexpr bool kBwdSharedSums = false;",
 _BWD_NEXT_ROW = Edit(CONFIG, "constexpr bool kBwdNextRow = false;",
                      "constexpr bool kBwdNextRow = RowLayout<TPR>::kRows == 1 && VEC > 1;")
 
+# 16-bit LayerNorm with a grad_sum (add_layer_norm's backward): one-row blocks of 4 packs
+# (rows to 16384 halves unchunked), the grad_sum beside them where the sums left registers.
+_GRAD_SUM_4_PACKS = (
+    Edit(CONFIG, "{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}};",
+         "{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}, {512, 4}};"),
+    Edit(CONFIG, "return !centered || vec == 1 || elem_bytes >= 4 || items <= 2;",
+         "return !centered || vec == 1 || elem_bytes >= 4 || items <= 2 || tpr >= 128;"),
+)
+
 
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
@@ -219,6 +235,21 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
         {
             "shared_sums": (_BWD_SHARED_SUMS,),
             "next_row": (_BWD_SHARED_SUMS, _BWD_NEXT_ROW),
+        }),
+    Question(
+        "add_bwd_long_rows",
+        "H200 (17cf9a2 file): add_layer_norm's bf16 backward at 36-49% of copy for N = "
+        "16384-65536. 16-bit LayerNorm with a grad_sum takes buckets of at most 2 packs "
+        "(BwdVecBucketsGradSum16: with 4, the grad_sum packs beside the dbias sums spilled at "
+        "128 registers), so its rows over 8192 halves are cut into 2-8 chunks (clusters). With "
+        "the column sums in shared memory, does a 512 x 4 bucket (rows to 16384 halves whole, "
+        "half the chunks beyond) fit and win, with or without the next row loaded ahead? "
+        "(RMSNorm, whose table has 512 x 4 already, for the knobs alone.)",
+        (Unit("layer_norm", "bwd", "bf16", grad_sum=True),
+         Unit("rms_norm", "bwd", "bf16", grad_sum=True)),
+        {
+            "shared_sums_4": (_BWD_SHARED_SUMS,) + _GRAD_SUM_4_PACKS,
+            "next_row_4": (_BWD_SHARED_SUMS, _BWD_NEXT_ROW) + _GRAD_SUM_4_PACKS,
         }),
 )}
 

@@ -202,12 +202,13 @@ constexpr int kBwdInputGradMinBlocks =
 // kernels, those of 4- and 8-byte inputs, and the 16-bit ones of at most 2 packs per
 // thread. In LayerNorm's 16-bit buckets of 4 packs the grad_sum packs (with the dbias sums)
 // spilled at 128 registers, so 16-bit LayerNorm with a grad_sum takes
-// BwdVecBucketsGradSum16 (norm_bwd_impl), and those kernels stay without it.
-constexpr bool bwd_adds_grad_sum(bool centered, int elem_bytes, int vec, int items) {
+// BwdVecBucketsGradSum16 (norm_bwd_impl), and those kernels stay without it. (tpr: for the
+// CUDA A/B tool's variants of this rule.)
+constexpr bool bwd_adds_grad_sum(bool centered, int elem_bytes, int vec, int tpr, int items) {
   return !centered || vec == 1 || elem_bytes >= 4 || items <= 2;
 }
-template <bool CENTERED, typename T, int VEC, int ITEMS>
-constexpr bool kBwdGradSum = bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, ITEMS);
+template <bool CENTERED, typename T, int VEC, int TPR, int ITEMS>
+constexpr bool kBwdGradSum = bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, TPR, ITEMS);
 
 // Where a backward kernel of one row per block (TPR >= 128) holds what it carries from row
 // to row: its columns' dweight/dbias sums in shared memory instead of registers

@@ -1121,7 +1121,7 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
         if (i < valid) {
           const int off = (i * TPR + tid) * VEC;
           Pack<T, VEC> out, gsum;
-          const bool has_gsum = kBwdGradSum<CENTERED, T, VEC, ITEMS> && p.grad_sum != nullptr;
+          const bool has_gsum = kBwdGradSum<CENTERED, T, VEC, TPR, ITEMS> && p.grad_sum != nullptr;
           if (has_gsum) gsum = load_pack<VEC>(p.grad_sum + base + off);
           if constexpr (kSharedSums) {  // this pack's sums into dw[i], db[i] for the row
             shared_sums.load(0, i, dw[i]);
@@ -1639,7 +1639,7 @@ void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
 template <typename Table, bool CENTERED, typename T, int VEC>
 constexpr bool adds_grad_sum() {
   for (const Bucket& b : Table::kList) {
-    if (!bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, b.items)) return false;
+    if (!bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, b.tpr, b.items)) return false;
   }
   return true;
 }
