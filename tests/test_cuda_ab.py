@@ -51,6 +51,16 @@ def test_instance_files_name_one_tag():
         build.instance_text(Unit("rms_norm", "bwd", "int8"), tags)
 
 
+def test_a_grad_sum_unit_shares_its_instance_file(tmp_path):
+    """The backward timed with a grad_sum runs the plain unit's kernels (a runtime pointer):
+    one instance file for both, else their entries would register twice."""
+    units = (Unit("layer_norm", "bwd", "bf16"), Unit("layer_norm", "bwd", "bf16", grad_sum=True),
+             Unit("layer_norm", "fwd", "bf16"))
+    _, sources = build.write_tree("v", (), units, tmp_path)
+    assert [s.name for s in sources] == ["layer_norm_bwd_bf16.cu", "layer_norm_fwd_bf16.cu"]
+    assert [u.label for u in units] == ["bwd", "bwd+grad_sum", "fwd"]
+
+
 def test_plan_cases_turns_rows_and_table():
     questions = list(QUESTIONS.values())
     plan = sweep.build_plan(questions)
