@@ -1056,7 +1056,11 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       // xhat_shift: the mean of the row's uncorrected xhat where `correct`, else 0.
       acc_t mean_g = 0, mean_gx = 0, xhat_shift = 0;
       if (p.mode != kApply) {
-        acc_t sum_g = 0, sum_gx = 0, sum_xhat = 0;
+        // The thread's sums of g (LayerNorm only), g * (x - mean) and, in the rows `correct`
+        // picks, x - mean (a sweep of their own: the common rows skip it); the last two times
+        // rstd once, which makes them sums of g * xhat and xhat (a multiply a row, not an
+        // element).
+        acc_t sum_g = 0, sum_gd = 0, sum_d = 0;
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
           if (i < valid) {
@@ -1064,11 +1068,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
             const auto add = [&](auto g) {
 #pragma unroll
               for (int e = 0; e < VEC; ++e) {
-                const acc_t xhat = (pack_acc(xs[i], e) - mean) * rstd;
                 const acc_t gv = g(e, pack_acc(dys[i], e));
-                sum_g += gv;
-                sum_gx = fma_acc(gv, xhat, sum_gx);
-                if (correct) sum_xhat += xhat;
+                if constexpr (CENTERED) sum_g += gv;
+                const acc_t x = pack_acc(xs[i], e);
+                sum_gd = fma_acc(gv, CENTERED ? x - mean : x, sum_gd);
               }
             };
             if (p.weight != nullptr) {
@@ -1079,32 +1082,37 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
             }
           }
         }
-        // sum_xhat is reduced in every row (0 where not corrected).
+        if (correct) {
+#pragma unroll
+          for (int i = 0; i < ITEMS; ++i) {
+            if (i < valid) {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) sum_d += pack_acc(xs[i], e) - mean;
+            }
+          }
+        }
+        // The sum of xhat is reduced in every row (0 where not corrected).
         acc_t sums[kSums];
         sums[0] = sum_g;
-        sums[1] = sum_gx;
-        if constexpr (CENTERED) sums[kSums - 1] = sum_xhat;
+        sums[1] = sum_gd * rstd;
+        if constexpr (CENTERED) sums[kSums - 1] = sum_d * rstd;
         row_sums<Layout::kWarps>(sums, red[parity][slot]);
         if constexpr (CLUSTER) {
           cluster_sums(sums, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
         parity ^= 1;
-        sum_g = sums[0];
-        sum_gx = sums[1];
-        if constexpr (CENTERED) sum_xhat = sums[kSums - 1];
         if (p.mode == kPartial) {
           if (row_ok && tid == 0) {
             acc_t* out = p.row_part + (row * p.chunks + c) * kSums;
-            out[0] = sum_g;
-            out[1] = sum_gx;
-            if constexpr (CENTERED) out[kSums - 1] = sum_xhat;
+            for (int k = 0; k < kSums; ++k) out[k] = sums[k];
           }
           continue;
         }
-        mean_g = CENTERED ? sum_g / acc_t(p.N) : acc_t(0);
+        acc_t sum_gx = sums[1];
+        mean_g = CENTERED ? sums[0] / acc_t(p.N) : acc_t(0);
         if (correct) {
-          xhat_shift = sum_xhat / acc_t(p.N);
-          sum_gx = fma_acc(-xhat_shift, sum_g, sum_gx);
+          xhat_shift = sums[kSums - 1] / acc_t(p.N);
+          sum_gx = fma_acc(-xhat_shift, sums[0], sum_gx);
         }
         mean_gx = sum_gx / acc_t(p.N);
       } else if (row_ok) {
@@ -1115,6 +1123,13 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       // fma(x - mean, rstd, -0) rounds as (x - mean) * rstd: uncorrected rows keep their bits
       // (and RMSNorm's code, with a constant -0, its instructions).
       const acc_t neg_xhat_shift = CENTERED ? -xhat_shift : acc_t(-0.0);
+      // dx = rstd * (g - mean_g - xhat * mean_gx) as fma(rstd, g, xhat * slope + offset), with
+      // the row's slope = -rstd * mean_gx and offset = -rstd * mean_g: one operation fewer an
+      // element (RMSNorm: xhat * slope, no offset). The one-element kernels keep the product
+      // form: at their 64 registers the other spilled (float32's of 8 items).
+      constexpr bool kFoldedDx = VEC > 1;
+      const acc_t dx_slope = -rstd * mean_gx;
+      const acc_t dx_offset = -rstd * mean_g;
 
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
@@ -1130,10 +1145,13 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
           const auto apply = [&](auto g) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              const acc_t xhat = CENTERED ? fma_acc(pack_acc(xs[i], e) - mean, rstd, neg_xhat_shift)
-                                          : pack_acc(xs[i], e) * rstd;
+              const acc_t x = CENTERED ? pack_acc(xs[i], e) - mean : pack_acc(xs[i], e);
+              const acc_t xhat = CENTERED ? fma_acc(x, rstd, neg_xhat_shift) : x * rstd;
               const acc_t d = pack_acc(dys[i], e);
-              acc_t v = rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g);
+              acc_t v = kFoldedDx ? fma_acc(rstd, g(e, d),
+                                            CENTERED ? fma_acc(xhat, dx_slope, dx_offset)
+                                                     : xhat * dx_slope)
+                                  : rstd * fma_acc(-xhat, mean_gx, g(e, d) - mean_g);
               if (has_gsum) v += pack_acc(gsum, e);  // (a branch: no -0 + 0 without it)
               out.v[e] = static_cast<T>(v);
               dw[i][e] = fma_acc(d, xhat, dw[i][e]);
