@@ -189,7 +189,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_ffn_
     // epilogue if it can. a is released before dh is allocated, so the backward holds h and
     // one [M, H] temporary at a time (the caching allocator hands a's block to dh), where
     // eager holds h, a and a gradient of one of them. The price, off the 16-bit tanh path:
-    // h is read twice (the gelu pass, then the dgelu pass), once when one pass wrote a and dh.
+    // h is read twice (the gelu pass, then the dgelu pass); one pass writing a and dh after
+    // dg would hold a, dh and db1 at once, over eager's peak (docs/perf-notes.md).
     {
       at::Tensor act = at::empty({M, H}, options);
       gelu_pass<T>(hidden_pre, act, kind);
