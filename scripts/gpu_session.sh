@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh session
 # What fits after the tests and the sweep by `python -m benchmarks --plan` (about 165 of the
-# ~195 s left); a suite the deadline cuts saves nothing. The others: a second call.
+# ~175 s left); a suite the deadline cuts saves nothing. The others: a second call.
 BENCH_SUITES=${BENCH_SUITES-rms_norm,add_layer_norm}
 
 log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"

@@ -524,6 +524,37 @@ def test_emulated_backward_input_grad_float32_sum(harness, t, p, variant):
         harness, xgrad_cases(t, p, variant, ["xgrad", "xgrad drop=0.5 rowscale"]))
 
 
+@pytest.fixture(scope="module")
+def row_state_harness(tmp_path_factory):
+    """The harness built on a copy of csrc/ with norm_config.cuh's kBwdSharedSums and
+    kBwdNextRow on (off in the production tree): the edits the CUDA A/B tool times as
+    bwd_in_flight's `next_row`, so that what a GPU times is what passed here."""
+    sys.path.insert(0, REPO)
+    from benchmarks.cuda_ab.variants import QUESTIONS, apply_edits
+
+    csrc = tmp_path_factory.mktemp("row_state") / "csrc"
+    shutil.copytree(os.path.join(REPO, "csrc"), csrc)
+    edits = QUESTIONS["bwd_in_flight"].variants["next_row"]
+    files = {e.path: (csrc / e.path).read_text() for e in edits}
+    for path, text in apply_edits(files, edits).items():
+        assert text != files[path]
+        (csrc / path).write_text(text)
+    return build_harness(CACHE, csrc=str(csrc))
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_backward_row_state_in_shared_memory(row_state_harness, t, p):
+    """The backward with its column sums in shared memory and the next row loaded ahead, in
+    every path (buckets, one-element packs, misaligned views, chunked and clustered rows,
+    RMSNorm and grad_sum, rows far from zero, the input gradient with dropout)."""
+    check_all_ok(row_state_harness,
+                 cases_for("bwd", t, p)
+                 + [line for v in VARIANTS for line in family_cases("bwd", t, p, v)])
+    check_ok_with_cluster_launches(
+        row_state_harness, cluster_cases("bwd", t, p) + far_cases("bwd", t, p)
+        + xgrad_cases(t, p, "res", ["xgrad drop=0.5 rowscale"]))
+
+
 # ---- the GELU-FFN's kernels (tests/emulation/gelu_ffn_emulated.cpp) ----------------------
 
 @pytest.fixture(scope="module")

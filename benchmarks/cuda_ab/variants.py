@@ -119,6 +119,15 @@ _FWD_PREFETCH_768 = (
 )
 
 
+# The backward's row-to-row state where a block holds one row (TPR >= 128) of 16-byte packs:
+# norm_config.cuh's two knobs, off in the production tree. (The one-element kernels, at 64
+# registers, spilled 24 bytes with the next row's loads.)
+_BWD_SHARED_SUMS = Edit(CONFIG, "constexpr bool kBwdSharedSums = false;",
+                        "constexpr bool kBwdSharedSums = RowLayout<TPR>::kRows == 1 && VEC > 1;")
+_BWD_NEXT_ROW = Edit(CONFIG, "constexpr bool kBwdNextRow = false;",
+                     "constexpr bool kBwdNextRow = RowLayout<TPR>::kRows == 1 && VEC > 1;")
+
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -197,6 +206,19 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
                 Edit(KERNELS, "xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));",
                      "xs[i] = pack_as<T>(load_pack_cs<VEC>(p.x + first + i * kStride));"),
             ),
+        }),
+    Question(
+        "bwd_in_flight",
+        "H200, 2026-11-27 (46ed965): the backward reaches 68-91% of copy up to N = 8192 but "
+        "62-73% at 12288-16384 with the 512 x 4 bucket (a lone block of 512 threads per "
+        "multiprocessor: 128 registers, half of them the dweight/dbias column sums) and "
+        "43-62% beyond. A block loads a row, then reduces, computes and writes it with no "
+        "load outstanding. Do the column sums in shared memory (registers freed), and with "
+        "them the next row's x and dy loaded before this row's reductions, close the gap?",
+        _units(["layer_norm", "rms_norm"], ["bwd"], ["bf16"]) + _units(["layer_norm"], ["bwd"], ["f32"]),
+        {
+            "shared_sums": (_BWD_SHARED_SUMS,),
+            "next_row": (_BWD_SHARED_SUMS, _BWD_NEXT_ROW),
         }),
 )}
 

@@ -51,17 +51,18 @@ __device__ __forceinline__ const V* cluster_peer(const V* p, int rank) {
 #endif
 }
 
-// Launches kernel with clusters of `cluster` blocks.
+// Launches kernel with clusters of `cluster` blocks and smem bytes of dynamic shared memory.
 template <typename... Params, typename... Args>
 void launch_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
-                           cudaStream_t stream, Args&&... args) {
+                           int smem, cudaStream_t stream, Args&&... args) {
 #ifdef FUSEDNORM_EMULATION
+  (void)smem;
   ::emu::launch_cluster(kernel, grid, block, cluster, stream, std::forward<Args>(args)...);
 #else
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -74,20 +75,21 @@ void launch_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, dim
 #endif
 }
 
-// How many clusters of `blocks` blocks of `threads` running `kernel` the device holds at
-// once (cudaOccupancyMaxActiveClusters), or 0 where it may not launch them: the device lacks
-// cluster launches, the kernel's code was not compiled for sm_90 or newer (JIT-compiled from
-// older PTX, whose cluster helpers trap), or no such cluster fits. The launchers' grids are
-// persistent (each block loops over row groups), so they launch at most this many clusters:
-// per-multiprocessor occupancy x SMs / blocks can exceed it (a cluster's blocks share one
-// GPC, and GPC sizes need not divide by the cluster size), and the clusters over it would
-// start only when the first ones had finished all their rows. Cached per device and cluster
-// size in `cache` (0 unknown, -1 none, else the count).
+// How many clusters of `blocks` blocks of `threads` (smem bytes of dynamic shared memory
+// each) running `kernel` the device holds at once (cudaOccupancyMaxActiveClusters), or 0
+// where it may not launch them: the device lacks cluster launches, the kernel's code was not
+// compiled for sm_90 or newer (JIT-compiled from older PTX, whose cluster helpers trap), or
+// no such cluster fits. The launchers' grids are persistent (each block loops over row
+// groups), so they launch at most this many clusters: per-multiprocessor occupancy x SMs /
+// blocks can exceed it (a cluster's blocks share one GPC, and GPC sizes need not divide by
+// the cluster size), and the clusters over it would start only when the first ones had
+// finished all their rows. Cached per device and cluster size in `cache` (0 unknown, -1
+// none, else the count).
 template <typename Kernel>
-int resident_clusters(Kernel kernel, int threads, int blocks, int device,
+int resident_clusters(Kernel kernel, int threads, int blocks, int smem, int device,
                       std::atomic<int> (*cache)[kMaxClusterBlocks + 1]) {
 #ifdef FUSEDNORM_EMULATION
-  (void)kernel, (void)threads, (void)device, (void)cache;
+  (void)kernel, (void)threads, (void)smem, (void)device, (void)cache;
   const ::emu::Config& emulated = ::emu::config();
   if (blocks < 2 || blocks > kMaxClusterBlocks || !emulated.clusters) return 0;
   if (emulated.resident_clusters > 0) return emulated.resident_clusters;
@@ -112,6 +114,7 @@ int resident_clusters(Kernel kernel, int threads, int blocks, int device,
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(1, blocks);
     config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeClusterDimension;
     attribute[0].val.clusterDim.x = 1;

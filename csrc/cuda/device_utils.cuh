@@ -193,16 +193,37 @@ __device__ __forceinline__ WelfordState<acc_t> warp_merge(WelfordState<acc_t> s)
   return s;
 }
 
-// Launches kernel<<<grid, block, 0, stream>>>(args...). The launchers go through it so that
-// tests/emulation can compile them as host C++ and run the kernels on its emulated blocks
-// (FUSEDNORM_EMULATION, defined only there).
+// Launches kernel<<<grid, block, smem, stream>>>(args...) (smem: bytes of dynamic shared
+// memory). The launchers go through it so that tests/emulation can compile them as host C++
+// and run the kernels on its emulated blocks (FUSEDNORM_EMULATION, defined only there; its
+// kernels' dynamic shared memory is a static array, dynamic_shared).
+template <typename... Params, typename... Args>
+inline void launch_kernel_smem(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                               cudaStream_t stream, Args&&... args) {
+#ifdef FUSEDNORM_EMULATION
+  (void)smem;
+  ::emu::launch(kernel, grid, block, stream, std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+#endif
+}
+
 template <typename... Params, typename... Args>
 inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                           Args&&... args) {
+  launch_kernel_smem(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
+}
+
+// The block's dynamic shared memory as kWords words of acc_t (the launch gives the bytes).
+// The emulation has none: a static array of the instantiation stands in (one per block).
+template <typename acc_t, int kWords>
+__device__ __forceinline__ acc_t* dynamic_shared() {
 #ifdef FUSEDNORM_EMULATION
-  ::emu::launch(kernel, grid, block, stream, std::forward<Args>(args)...);
+  __shared__ acc_t words[kWords];
+  return words;
 #else
-  kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  return reinterpret_cast<acc_t*>(dynamic_smem);
 #endif
 }
 

@@ -209,5 +209,16 @@ constexpr bool bwd_adds_grad_sum(bool centered, int elem_bytes, int vec, int ite
 template <bool CENTERED, typename T, int VEC, int ITEMS>
 constexpr bool kBwdGradSum = bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, ITEMS);
 
+// Where a backward kernel of one row per block (TPR >= 128) holds what it carries from row
+// to row: its columns' dweight/dbias sums in shared memory instead of registers
+// (kBwdSharedSums), and the block's next row (x, dy, mean, rstd) loaded before the current
+// row's reductions (kBwdNextRow: bytes in flight while a lone block of 512 threads reduces
+// and writes; it takes the registers the sums free). Both off until a GPU times them:
+// benchmarks/cuda_ab's question bwd_in_flight turns them on; the emulation runs them on.
+template <typename T, int VEC, int TPR, int ITEMS>
+constexpr bool kBwdSharedSums = false;
+template <typename T, int VEC, int TPR, int ITEMS>
+constexpr bool kBwdNextRow = false;
+
 }  // namespace
 }  // namespace fusednorm::cuda

@@ -875,6 +875,48 @@ __device__ __forceinline__ InputGradParams<acc_t, IO> input_grad_or_none(
   return ig;
 }
 
+// A backward thread's column sums in shared memory (kBwdSharedSums): dweight's (grad 0),
+// then dbias's (grad 1, LayerNorm only), of element e of its pack i in word
+// (((grad * ITEMS + i) * VEC / kQuad + e / kQuad) * TPR + tid) * kQuad + e % kQuad, so that a
+// warp's 16-byte accesses are contiguous. Only the thread itself reads its words: no barrier.
+template <typename acc_t, int VEC, int TPR, int ITEMS, bool CENTERED>
+struct SharedColumnSums {
+  static constexpr int kQuad = VEC % (16 / sizeof(acc_t)) == 0 ? 16 / sizeof(acc_t) : 1;
+  static constexpr int kWords = (CENTERED ? 2 : 1) * ITEMS * VEC * TPR;
+  acc_t* words;
+  int tid;
+
+  __device__ __forceinline__ Pack<acc_t, kQuad>* quad(int grad, int i, int q) const {
+    return reinterpret_cast<Pack<acc_t, kQuad>*>(
+        words + (((grad * ITEMS + i) * (VEC / kQuad) + q) * TPR + tid) * kQuad);
+  }
+  __device__ __forceinline__ void load(int grad, int i, acc_t (&v)[VEC]) const {
+#pragma unroll
+    for (int q = 0; q < VEC / kQuad; ++q) {
+      const Pack<acc_t, kQuad> w = *quad(grad, i, q);
+#pragma unroll
+      for (int j = 0; j < kQuad; ++j) v[q * kQuad + j] = w.v[j];
+    }
+  }
+  __device__ __forceinline__ void store(int grad, int i, const acc_t (&v)[VEC]) const {
+#pragma unroll
+    for (int q = 0; q < VEC / kQuad; ++q) {
+      Pack<acc_t, kQuad> w;
+#pragma unroll
+      for (int j = 0; j < kQuad; ++j) w.v[j] = v[q * kQuad + j];
+      *quad(grad, i, q) = w;
+    }
+  }
+};
+
+// Bytes of dynamic shared memory a backward kernel takes (its SharedColumnSums, or none).
+template <typename T, int VEC, int TPR, int ITEMS, bool CENTERED>
+constexpr int kBwdSharedBytes =
+    kBwdSharedSums<T, VEC, TPR, ITEMS>
+        ? SharedColumnSums<acc_type_t<T>, VEC, TPR, ITEMS, CENTERED>::kWords *
+              int(sizeof(acc_type_t<T>))
+        : 0;
+
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true, typename IO = T, typename... InputGrad>
 __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
@@ -892,8 +934,15 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
   // Slot s > 0's dweight/dbias sums for slot 0, laid out [s - 1][2 * VEC][TPR] (consecutive
   // threads, consecutive words); one word when the block holds a single row.
   __shared__ acc_t combine[Layout::kRows > 1 ? (Layout::kRows - 1) * 2 * VEC * TPR : 1];
+  constexpr bool kSharedSums = kBwdSharedSums<T, VEC, TPR, ITEMS>;
+  constexpr bool kNextRow = kBwdNextRow<T, VEC, TPR, ITEMS>;
+  static_assert(!(kSharedSums || kNextRow) || Layout::kRows == 1,
+                "the sums in shared memory and the next row's loads: one row per block");
+  using Sums = SharedColumnSums<acc_t, VEC, TPR, ITEMS, CENTERED>;
 
   const int tid = threadIdx.x % TPR;
+  Sums shared_sums{nullptr, tid};
+  if constexpr (kSharedSums) shared_sums.words = dynamic_shared<acc_t, Sums::kWords>();
   const int slot = threadIdx.x / TPR;
   const int64_t groups = ceil_div(p.M, Layout::kRows);
   const bool param_grads =
@@ -918,6 +967,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
     for (int i = 0; i < ITEMS; ++i) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) dw[i][e] = db[i][e] = 0;
+      if constexpr (kSharedSums) {
+        shared_sums.store(0, i, dw[i]);
+        if constexpr (CENTERED) shared_sums.store(1, i, db[i]);
+      }
     }
     // Small buckets keep the weight packs in registers for all the block's rows (as the
     // forward); the others load them per row, where both passes over the row use them.
@@ -938,6 +991,28 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       }
     };
 
+    // kNextRow: the block's next row, loaded before the current row's reductions.
+    Pack<T, VEC> x_next[kNextRow ? ITEMS : 1];
+    Pack<IO, VEC> dy_next[kNextRow ? ITEMS : 1];
+    acc_t mean_next = 0, rstd_next = 0;
+    const auto load_next = [&](int64_t g2) {
+      const int64_t row2 = g2 * Layout::kRows + slot;
+      if (g2 < groups && row2 < p.M) {
+        const int64_t base2 = row2 * p.N + col0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          const int off = (i * TPR + tid) * VEC;
+          if (off < len) {
+            x_next[i] = load_pack<VEC>(p.x + base2 + off);
+            dy_next[i] = load_pack<VEC>(p.dy + base2 + off);
+          }
+        }
+        if constexpr (CENTERED) mean_next = p.mean[row2];
+        rstd_next = p.rstd[row2];
+      }
+    };
+    if constexpr (kNextRow) load_next(blockIdx.x);
+
     for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
       const int64_t row = g * Layout::kRows + slot;
       const bool row_ok = row < p.M;
@@ -956,13 +1031,25 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       for (int i = 0; i < ITEMS; ++i) {
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
-          xs[i] = load_pack<VEC>(x + off);
-          dys[i] = load_pack<VEC>(dy + off);
+          if constexpr (kNextRow) {
+            xs[i] = x_next[i];
+            dys[i] = dy_next[i];
+          } else {
+            xs[i] = load_pack<VEC>(x + off);
+            dys[i] = load_pack<VEC>(dy + off);
+          }
           valid = i + 1;
         }
       }
-      const acc_t mean = CENTERED && row_ok ? p.mean[row] : acc_t(0);
-      const acc_t rstd = row_ok ? p.rstd[row] : acc_t(0);
+      acc_t mean = 0, rstd = 0;
+      if constexpr (kNextRow) {
+        mean = row_ok ? mean_next : acc_t(0);
+        rstd = row_ok ? rstd_next : acc_t(0);
+        load_next(g + gridDim.x);
+      } else {
+        mean = CENTERED && row_ok ? p.mean[row] : acc_t(0);
+        rstd = row_ok ? p.rstd[row] : acc_t(0);
+      }
       // Whether this row corrects the saved mean's rounding (see above).
       const bool correct = needs_mean_correction<CENTERED>(mean, rstd);
 
@@ -1036,6 +1123,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
           Pack<T, VEC> out, gsum;
           const bool has_gsum = kBwdGradSum<CENTERED, T, VEC, ITEMS> && p.grad_sum != nullptr;
           if (has_gsum) gsum = load_pack<VEC>(p.grad_sum + base + off);
+          if constexpr (kSharedSums) {  // this pack's sums into dw[i], db[i] for the row
+            shared_sums.load(0, i, dw[i]);
+            if constexpr (CENTERED) shared_sums.load(1, i, db[i]);
+          }
           const auto apply = [&](auto g) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
@@ -1056,6 +1147,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
             apply([](int, acc_t d) { return d; });
           }
           store_pack<VEC>(p.dx + base + off, out);
+          if constexpr (kSharedSums) {
+            shared_sums.store(0, i, dw[i]);
+            if constexpr (CENTERED) shared_sums.store(1, i, db[i]);
+          }
           if constexpr (INPUT_GRAD) {
             acc_t m[VEC];
             dropout_multipliers<VEC>(m, ig, key, base + off, factor);
@@ -1103,6 +1198,10 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
         for (int i = 0; i < ITEMS; ++i) {
           const int off = (i * TPR + tid) * VEC;
           if (off < len) {
+            if constexpr (kSharedSums) {
+              shared_sums.load(0, i, dw[i]);
+              if constexpr (CENTERED) shared_sums.load(1, i, db[i]);
+            }
             Pack<acc_t, VEC> w_out, b_out;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
@@ -1196,20 +1295,37 @@ __global__ void __launch_bounds__(kSumThreads)
 
 constexpr int kMaxCachedDevices = 64;
 
-// Blocks of `kernel` resident per multiprocessor, cached per device in `cache` (the
-// occupancy query runs once per kernel and device, before any graph capture that warms up).
+// Blocks of `kernel` (with smem bytes of dynamic shared memory) resident per
+// multiprocessor, cached per device in `cache` (the occupancy query runs once per kernel and
+// device, before any graph capture that warms up).
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, int threads, DeviceInfo dev, std::atomic<int>* cache) {
+int blocks_per_sm(Kernel kernel, int threads, DeviceInfo dev, std::atomic<int>* cache,
+                  int smem = 0) {
   const bool cacheable = dev.index >= 0 && dev.index < kMaxCachedDevices;
   if (cacheable) {
     const int known = cache[dev.index].load(std::memory_order_relaxed);
     if (known > 0) return known;
   }
   int blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
   blocks = std::max(blocks, 1);
   if (cacheable) cache[dev.index].store(blocks, std::memory_order_relaxed);
   return blocks;
+}
+
+// Lets `kernel` take smem bytes of dynamic shared memory (over 48 KiB needs the opt-in),
+// once per device (allowed: the kernel's own flags), before its occupancy is asked.
+template <typename Kernel>
+void allow_dynamic_shared(Kernel kernel, int smem, DeviceInfo dev, std::atomic<bool>* allowed) {
+#ifdef FUSEDNORM_EMULATION
+  (void)kernel, (void)smem, (void)dev, (void)allowed;
+#else
+  if (smem == 0) return;
+  const bool cacheable = dev.index >= 0 && dev.index < kMaxCachedDevices;
+  if (cacheable && allowed[dev.index].load(std::memory_order_relaxed)) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (cacheable) allowed[dev.index].store(true, std::memory_order_relaxed);
+#endif
 }
 
 // A grid that fills the device once: chunks on y (capped at the limit), row groups on x.
@@ -1221,18 +1337,20 @@ dim3 row_grid(int64_t groups, int64_t chunks, int64_t resident_blocks) {
 }
 
 // The grid of an unclustered row kernel of TPR threads per row (row_grid, sized by its
-// occupancy; cache: the kernel's own).
+// occupancy; cache: the kernel's own; smem: its dynamic shared memory).
 template <int TPR, typename Kernel, typename Params>
-dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache) {
-  const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache);
+dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache,
+               int smem = 0) {
+  const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache, smem);
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-// extra: the arguments after p (the dropout kernels' DropoutParams).
+// smem: bytes of dynamic shared memory; extra: the arguments after p (the dropout kernels'
+// DropoutParams).
 template <int TPR, typename Kernel, typename Params, typename... Extra>
-void launch_rows(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream,
+void launch_rows(Kernel kernel, const Params& p, dim3 grid, int smem, cudaStream_t stream,
                  const Extra&... extra) {
-  launch_kernel(kernel, grid, RowLayout<TPR>::kBlock, stream, p, extra...);
+  launch_kernel_smem(kernel, grid, RowLayout<TPR>::kBlock, smem, stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1259,10 +1377,10 @@ bool try_launch_fwd_cluster(const FwdParams<T, P, IO>& p, dim3 grid, DeviceInfo 
   constexpr auto kernel = fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, DROPOUT>();
   constexpr int kBlock = RowLayout<TPR>::kBlock;
   if (grid.y != p.chunks) return false;
-  const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), dev.index, cache);
+  const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), 0, dev.index, cache);
   if (clusters == 0) return false;
   grid.x = std::min(grid.x, unsigned(clusters));
-  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), stream, p, extra...);
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), 0, stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -1319,7 +1437,7 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
     const auto launch = [&] {
       with_extra([&](const auto&... extra) {
-        launch_rows<kTpr>(kernel, p, grid, stream, extra...);
+        launch_rows<kTpr>(kernel, p, grid, 0, stream, extra...);
       });
     };
     if (split.chunks == 1) {
@@ -1389,9 +1507,13 @@ template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, bo
           typename IO>
 int bwd_resident_clusters(const BwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
+  static std::atomic<bool> smem_allowed[kMaxCachedDevices];
   constexpr auto kernel = bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, INPUT_GRAD>();
+  constexpr int kSmem = kBwdSharedBytes<T, VEC, TPR, ITEMS, CENTERED>;
   if (grid.y != p.chunks) return 0;
-  return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), dev.index, cache);
+  allow_dynamic_shared(kernel, kSmem, dev, smem_allowed);
+  return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), kSmem, dev.index,
+                           cache);
 }
 
 // extra: as launch_rows.
@@ -1400,7 +1522,8 @@ template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, bo
 void launch_bwd_cluster(const BwdParams<T, P, IO>& p, dim3 grid, cudaStream_t stream,
                         const Extra&... extra) {
   launch_cluster_kernel(bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, INPUT_GRAD>(), grid,
-                        RowLayout<TPR>::kBlock, dim3(1, grid.y, 1), stream, p, extra...);
+                        RowLayout<TPR>::kBlock, dim3(1, grid.y, 1),
+                        kBwdSharedBytes<T, VEC, TPR, ITEMS, CENTERED>, stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1447,9 +1570,14 @@ void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     constexpr int kItems = decltype(items)::value;
     constexpr auto kernel = bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, INPUT_GRAD>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
-    dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
+    static std::atomic<bool> smem_allowed[kMaxCachedDevices];
+    constexpr int kSmem = kBwdSharedBytes<T, VEC, kTpr, kItems, CENTERED>;
+    allow_dynamic_shared(kernel, kSmem, dev, smem_allowed);
+    dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy, kSmem);
     const auto launch = [&] {
-      with_extra([&](const auto&... extra) { launch_rows<kTpr>(kernel, p, grid, stream, extra...); });
+      with_extra([&](const auto&... extra) {
+        launch_rows<kTpr>(kernel, p, grid, kSmem, stream, extra...);
+      });
     };
     // Chunked rows run in one clustered launch where possible (see run_fwd: only the
     // largest bucket chunks), of at most as many clusters as fit at once.
