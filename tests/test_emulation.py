@@ -1,11 +1,13 @@
-"""The CUDA norm-family kernels' logic, run without a GPU (select with `pytest -k emulat`):
+"""The CUDA kernels' logic, run without a GPU (select with `pytest -k emulat`):
 tests/emulation compiles csrc/cuda/norm_kernels.cuh (launchers and kernels) as host
 C++ against an emulation of the CUDA built-ins they use, and runs every size bucket, the
 chunked long-row paths, odd sizes, misaligned views and every parameter case against a
 float64 reference, in three thread schedules: LayerNorm fully, and RMSNorm and the residual
 variants (forward residual / backward grad_sum) over a subset of sizes in every path, the
-forward with dropout / rowscale in every path, and dropout_scale. See
-tests/emulation/README.md for what the emulation does and does not see.
+forward with dropout / rowscale in every path, and dropout_scale. A second program does the
+same for the GELU-FFN's kernels (csrc/cuda/gelu_ffn_kernels.cuh: the gelu pass, the dgelu
+pass with db1, the column sum of dy). See tests/emulation/README.md for what the emulation
+does and does not see.
 
 Skipped only without a C++ compiler (with FUSEDNORM_REQUIRE_EMULATION=1, set by CI, that is
 a failure instead).
@@ -59,8 +61,9 @@ def sources(csrc=os.path.join(REPO, "csrc")):
     )
 
 
-def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
-    """Compiles tests/emulation/norm_emulated.cpp against `csrc`; returns the binary."""
+def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False,
+                  program="norm_emulated"):
+    """Compiles tests/emulation/<program>.cpp against `csrc`; returns the binary."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         if os.environ.get("FUSEDNORM_REQUIRE_EMULATION") == "1":
@@ -72,7 +75,7 @@ def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
     for path in sources(csrc):
         with open(path, "rb") as f:
             digest.update(path.encode() + f.read())
-    binary = os.path.join(out_dir, f"norm_emulated-{digest.hexdigest()[:16]}")
+    binary = os.path.join(out_dir, f"{program}-{digest.hexdigest()[:16]}")
     os.makedirs(out_dir, exist_ok=True)
     # One compile per binary, also under pytest-xdist: the other processes wait for it
     # (14 workers compiling at once on a 16-core GPU machine took over 200 s each).
@@ -80,7 +83,7 @@ def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(binary):
             tmp = f"{binary}.{os.getpid()}.tmp"
-            cmd = [compiler, *flags, os.path.join(EMULATION, "norm_emulated.cpp"), "-o", tmp]
+            cmd = [compiler, *flags, os.path.join(EMULATION, f"{program}.cpp"), "-o", tmp]
             done = subprocess.run(cmd, capture_output=True, text=True)
             assert done.returncode == 0, f"emulation build failed:\n{' '.join(cmd)}\n{done.stderr[-6000:]}"
             os.replace(tmp, binary)
@@ -550,3 +553,83 @@ def test_emulated_backward_row_state_in_shared_memory(row_state_harness, t, p):
     check_ok_with_cluster_launches(
         row_state_harness, cluster_cases("bwd", t, p) + far_cases("bwd", t, p)
         + xgrad_cases(t, p, "res", ["xgrad drop=0.5 rowscale"]))
+
+
+# ---- the GELU-FFN's kernels (tests/emulation/gelu_ffn_emulated.cpp) ----------------------
+
+@pytest.fixture(scope="module")
+def gelu_harness():
+    return build_harness(CACHE, program="gelu_ffn_emulated")
+
+
+def gelu_ffn_cases(t, kind):
+    """(case line, expected launches, expected 16-byte path) for every path of the gelu
+    pass, the dgelu pass (with and without db1) and the column sum: 16-byte packs and one
+    element (odd widths, lengths not a multiple of the pack, h / a / dg / x one element off
+    16-byte alignment), row counts that leave the last slab and the last row step partial,
+    columns that leave the last block partial, a grid smaller than the work (1
+    multiprocessor: the gelu and slab-sum kernels stride), one element."""
+    vec, e = 16 // SIZE[t], SIZE[t]
+    cases = []
+    # gelu: packs may cross rows, so only M * N and the two pointers choose the path.
+    for m, n, m1, m2, sms in [(7, 33, 0, 0, 2), (vec, 3, 0, 0, 2), (33, 128 * vec, 0, 0, 1),
+                              (5, 8 * vec, e, 0, 2), (5, 8 * vec, 0, e, 2), (1, 1, 0, 0, 2),
+                              (129, 255, 0, 0, 1)]:
+        cases.append((f"gelu {t} {kind} {m} {n} {m1} {m2}", 1, (m * n) % vec == 0 and m1 == m2 == 0, sms))
+    # dgelu: rows of N, packs when N and both pointers allow them.
+    for m, n, m1, m2, sms, flag in [(1001, 40 * vec, 0, 0, 2, ""), (1001, 101, 0, 0, 2, ""),
+                                    (37, 2 * vec, 0, 0, 2, ""), (300, 64 * vec, e, 0, 2, ""),
+                                    (300, 64 * vec, 0, e, 2, ""), (129, 5125, 0, 0, 1, ""),
+                                    (65, 8 * vec, 0, 0, 2, " nobias"), (67, 33, 0, 0, 2, " nobias"),
+                                    (2, 1, 0, 0, 2, ""), (2049, 3 * vec, 0, 0, 132, "")]:
+        cases.append((f"dgelu {t} {kind} {m} {n} {m1} {m2}", 1 if flag else 2,
+                      n % vec == 0 and m1 == m2 == 0, sms, flag))
+    if kind == "none":  # (the column sum takes no GELU)
+        for m, n, m1, sms in [(2001, 3 * vec, 0, 2), (130, 7, 0, 2), (64, 16 * vec, e, 2),
+                              (33, 4099, 0, 1), (1, 2 * vec, 0, 2)]:
+            cases.append((f"colsum {t} {kind} {m} {n} {m1} 0", 2, n % vec == 0 and m1 == 0, sms))
+    lines = []
+    for i, case in enumerate(cases):
+        head, launches, vectorized, sms = case[:4]
+        flag = case[4] if len(case) > 4 else ""
+        lines.append((f"{head} {ORDERS[i % len(ORDERS)]} {sms}{flag}", launches, vectorized))
+    return lines
+
+
+def check_gelu_ffn_cases(binary, cases):
+    code, out, err = run_cases(binary, [line for line, _, _ in cases])
+    results = [line for line in out.splitlines() if line.startswith(("ok ", "FAIL"))]
+    failures = [line for line in results if line.startswith("FAIL")]
+    assert code == 0 and not failures, f"exit {code}:\n" + "\n".join(failures) + "\n" + err[-3000:]
+    assert len(results) == len(cases)
+    for (line, launches, vectorized), result in zip(cases, results):
+        # each case took the path it tests: its launches, and 16-byte packs or single elements
+        assert result == f"ok {line} | launches {launches} vec {int(vectorized)}", (line, result)
+
+
+GELU_KINDS = ["none", "tanh"]
+GELU_DTYPES = ["f32", "f64", "f16", "bf16"]
+
+
+@pytest.mark.parametrize("kind", GELU_KINDS)
+@pytest.mark.parametrize("t", GELU_DTYPES)
+def test_emulated_gelu_ffn_kernels(gelu_harness, t, kind):
+    """The GELU-FFN's gelu pass (a = gelu(h)), dgelu pass (dh = dg * gelu'(h) over dg, db1
+    = its column sums; h left as it was) and column sum (db2) against long double, in
+    every path, with both GELU forms."""
+    check_gelu_ffn_cases(gelu_harness, gelu_ffn_cases(t, kind))
+
+
+def test_emulation_catches_a_missing_barrier_in_the_gelu_ffn_slabs(tmp_path):
+    """The GELU-FFN harness can fail: column_slab_kernel without the barrier between the
+    threads' sums and the block's sum of them gives a wrong db1 (csrc copied and edited)."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(os.path.join(REPO, "csrc"), csrc)
+    kernels = csrc / "cuda" / "gelu_ffn_kernels.cuh"
+    text = kernels.read_text()
+    barrier = "block_sums[threadIdx.y][threadIdx.x * kVec + j] = sum[j];\n    __syncthreads();\n"
+    assert text.count(barrier) == 1, "the slab reduction's barrier moved: update this test"
+    kernels.write_text(text.replace(barrier, barrier.replace("    __syncthreads();\n", "")))
+    binary = build_harness(str(tmp_path), csrc=str(csrc), only_float=True, program="gelu_ffn_emulated")
+    code, out, _ = run_cases(binary, ["dgelu f32 none 1001 40 0 0 asc 2"])
+    assert code != 0 and "FAIL dgelu f32 none 1001 40" in out and "db1" in out, out

@@ -151,6 +151,7 @@ struct Config {
   long launches = 0;
   long cluster_launches = 0;
   long cluster_launch_blocks = 0;  // blocks of the clustered launches
+  std::vector<const void*> kernels;  // every launch's kernel, in order (which path ran)
 };
 
 inline Config& config() {
@@ -367,6 +368,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t, Args
   if (grid.y > 65535 || grid.z > 65535) fail("grid.y/z over 65535");
   if (block.x * block.y * block.z > 1024) fail("more than 1024 threads per block");
   ++config().launches;
+  config().kernels.push_back(reinterpret_cast<const void*>(kernel));
   // Kernel parameters are copies, as on the device.
   std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
   reserve_stacks(1, int(block.x * block.y * block.z));
