@@ -72,6 +72,13 @@ inline void stream_bytes(void* p, const V& v) {
 
 constexpr int64_t kCacheLine = 64;
 
+// Elements of T from p (aligned to T) up to the next cache-line boundary; 0 on a boundary.
+template <typename T>
+inline int64_t line_head(const T* p) {
+  const int64_t misalignment = static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(p) % kCacheLine);
+  return (kCacheLine - misalignment) % kCacheLine / int64_t(sizeof(T));
+}
+
 // Streams the one cache line at dst (line-aligned) from src (any alignment).
 C10_ALWAYS_INLINE void stream_line(char* dst, const char* src) {
   using V = at::vec::Vectorized<float>;
