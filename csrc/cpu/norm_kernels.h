@@ -455,12 +455,13 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t, S>& a) {
   const int64_t sum_bytes = a.M * N * int64_t(sizeof(S));
   const bool stream =
       use_streaming_stores(a.y, bytes, 2 * bytes + (residual ? 2 * sum_bytes : 0));
-  // Streamed rows without a residual go out from registers, those that do not start on a
-  // cache line after their first columns up to the line, stored plainly: staged in L1 and
-  // copied out, they paid for a second pass. Rows with a residual keep the stage for rows
-  // that are not whole lines (peeled, the add + LayerNorm forward was slower) (docs/
-  // perf-notes.md, "2026-11-27: the float32 forward's streamed rows").
-  const OutputPath path = residual ? output_path(stream, a.y, N, 1)
+  // Streamed rows over 2 KiB without a residual go out from registers, those that do not
+  // start on a cache line after their first columns up to the line, stored plainly: staged
+  // in L1 and copied out, they paid for a second pass. Shorter rows, whose partial head
+  // block costs more per byte, and rows with a residual keep the stage (docs/perf-notes.md,
+  // "2026-11-27: the float32 forward's streamed rows").
+  const bool peeled = !residual && N * int64_t(sizeof(T)) > 2048;
+  const OutputPath path = !peeled ? output_path(stream, a.y, N, 1)
                           : stream ? OutputPath::kStream
                                    : OutputPath::kPlain;
   // The sum is computed into a staging buffer, streamed out from there and normalized from
