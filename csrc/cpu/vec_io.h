@@ -91,8 +91,8 @@ C10_ALWAYS_INLINE void stream_line(char* dst, const char* src) {
 // plain stores for the partial lines at either end, which neighbouring writes share. A
 // streaming store that leaves its line partly unwritten is flushed as a partial line that
 // memory has to merge: rows whose start or length is not a multiple of a line (N = 1000
-// float32) lost more to that than streaming saved, so their outputs are staged in cache and
-// written out with this.
+// float32) lost more to that than streaming saved, so the outputs that do not stream from
+// registers (line_head) are staged in cache and written out with this.
 inline void stream_copy(void* dst, const void* src, int64_t bytes) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
