@@ -80,13 +80,15 @@ def test_outputs_larger_than_caches(dtype, N, output_mib):
     """Calls that move over 16 MiB (the forward from 8 MiB of output, the backward from
     5.3 MiB of dx): the CPU kernels stream their outputs (non-temporal stores) once the
     pages are mapped, i.e. from the second call on, when the allocator hands back the first
-    call's memory; every call must give the same, correct result. Rows of whole cache lines
-    (1024; 1008 float32, whose last columns are a block that overlaps the one before; every
-    N but 4100 in float64) stream from registers, and their backward asks for the next
-    tile's dy in its first sweep; short rows that are not (1000 float32 and bfloat16) go
-    through a staging copy that streams each row's lines out as they fill, long ones (4100)
-    take plain stores. Rows shorter than a line (24) share lines with their neighbours,
-    and the threads' chunks of rows meet inside lines."""
+    call's memory; every call must give the same, correct result. The forward streams every
+    row over 2 KiB from registers, a row that does not start on a cache line (1000 float32,
+    4100) after its first columns up to the line, stored plainly; shorter rows go as the
+    backward's. In the backward, rows of whole cache lines (1024; 1008 float32, whose last
+    columns are a block that overlaps the one before; every N but 4100 in float64) stream
+    from registers and ask for the next tile's dy in its first sweep; short rows that are
+    not (1000 float32 and bfloat16) go through a staging copy that streams each row's lines
+    out as they fill, long ones (4100) take plain stores. Rows shorter than a line (24)
+    share lines with their neighbours, and the threads' chunks of rows meet inside lines."""
     M = (output_mib << 20) // (N * dtype.itemsize) + 1
     x = random_input((M, N), dtype, "cpu")
     weight, bias = make_params((N,), "affine", dtype, "cpu")

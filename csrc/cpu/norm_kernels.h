@@ -284,18 +284,34 @@ C10_ALWAYS_INLINE void normalize_block(const T* x, const acc_t* weight, const ac
 // block included. A function of its own with everything passed by value: a lambda
 // capturing by reference had the compiler reload the row constants after every store
 // (they might alias y). next_a, next_b (may be null): rows of the same length to prefetch.
+// head: y's first columns, up to its first line boundary, stored plainly as partial blocks,
+// so that each full block's streaming stores fill whole lines.
 template <typename T, typename acc_t, bool kWeight, bool kBias, bool kNoNaN, bool kStream,
           typename X>
 void normalize_vectorized(const X* __restrict__ x, T* __restrict__ y, int64_t N, acc_t shift,
                           acc_t mean, acc_t rstd, const acc_t* __restrict__ weight,
                           const acc_t* __restrict__ bias, const T* next_a, const T* next_b,
-                          StagedTileStream* staged) {
+                          StagedTileStream* staged, int64_t head) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
-  const int64_t vec_end = N - N % W;
   const Vec vshift(shift), vmean(mean), vrstd(rstd);
-  for (int64_t i = 0; i < vec_end; i += W) {
+  head = std::min(head, N);
+  int64_t i = 0;
+  if (head > 0) {
+    if (next_a != nullptr) prefetch_block<T, acc_t>(next_a);
+    if (next_b != nullptr) prefetch_block<T, acc_t>(next_b);
+    for (; i < head; i += W) {
+      const int64_t count = std::min(W, head - i);
+      Vec lo, hi;
+      normalize_block<X, acc_t, kWeight, kBias, true>(x, weight, bias, i, count, vshift, vmean,
+                                                      vrstd, lo, hi);
+      store_partial<kNoNaN>(y + i, count, lo, hi);
+    }
+    i = head;
+  }
+  const int64_t vec_end = N - (N - head) % W;
+  for (; i < vec_end; i += W) {
     if (next_a != nullptr) prefetch_block<T, acc_t>(next_a + i);
     if (next_b != nullptr) prefetch_block<T, acc_t>(next_b + i);
     Vec lo, hi;
@@ -324,22 +340,23 @@ void normalize_vectorized(const X* __restrict__ x, T* __restrict__ y, int64_t N,
 // shift = mean = 0 for RMSNorm): one rounding to T at the store. no_nan: the row's outputs
 // are known not to be NaN (row_output_has_no_nan), so bfloat16 rounds without a NaN mask.
 // next_a and next_b (either may be null) are prefetched into L2 along the way; staged (may
-// be null): y is a staging buffer that it streams out to memory as it fills. x is of T, or
-// (X = float beside a float16/bfloat16 T) a float32 sum row.
+// be null): y is a staging buffer that it streams out to memory as it fills; head: see
+// normalize_vectorized. x is of T, or (X = float beside a float16/bfloat16 T) a float32 sum
+// row.
 template <typename T, typename acc_t, bool kWeight, bool kBias, typename X>
 void normalize_row(const X* x, T* y, int64_t N, acc_t shift, acc_t mean, acc_t rstd,
                    const acc_t* weight, const acc_t* bias, bool stream, bool no_nan,
                    const T* next_a = nullptr, const T* next_b = nullptr,
-                   StagedTileStream* staged = nullptr) {
+                   StagedTileStream* staged = nullptr, int64_t head = 0) {
   // Only bfloat16 rounds differently without NaN lanes; other types keep one variant.
   constexpr bool kNoNaNMatters = std::is_same_v<T, c10::BFloat16>;
   dispatch_bool(stream, [&](auto kStream) {
     if (kNoNaNMatters && no_nan) {
       normalize_vectorized<T, acc_t, kWeight, kBias, true, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b, staged);
+          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b, staged, head);
     } else {
       normalize_vectorized<T, acc_t, kWeight, kBias, false, decltype(kStream)::value>(
-          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b, staged);
+          x, y, N, shift, mean, rstd, weight, bias, next_a, next_b, staged, head);
     }
   });
 }
@@ -438,7 +455,15 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t, S>& a) {
   const int64_t sum_bytes = a.M * N * int64_t(sizeof(S));
   const bool stream =
       use_streaming_stores(a.y, bytes, 2 * bytes + (residual ? 2 * sum_bytes : 0));
-  const OutputPath path = output_path(stream, a.y, N, 1);
+  // Streamed rows over 2 KiB without a residual go out from registers, those that do not
+  // start on a cache line after their first columns up to the line, stored plainly: staged
+  // in L1 and copied out, they paid for a second pass. Shorter rows, whose partial head
+  // block costs more per byte, and rows with a residual keep the stage (docs/perf-notes.md,
+  // "2026-11-27: the float32 forward's streamed rows").
+  const bool peeled = !residual && N * int64_t(sizeof(T)) > 2048;
+  const OutputPath path = !peeled ? output_path(stream, a.y, N, 1)
+                          : stream ? OutputPath::kStream
+                                   : OutputPath::kPlain;
   // The sum is computed into a staging buffer, streamed out from there and normalized from
   // there: plain stores of it made every line read before written, and the streaming and
   // plain stores mixed (docs/perf-notes.md, "Code comments: norm_fwd_rows: the staged sum").
@@ -482,7 +507,7 @@ void norm_fwd_rows(const NormFwdArgs<T, acc_t, S>& a) {
       normalize_row<T, acc_t, kWeight, kCentered && kBias>(
           x, yr, N, mean, rest, m.rstd, a.weight, a.bias, path == OutputPath::kStream,
           row_output_has_no_nan(a.params_finite, mean, m.rstd), next_a, next_b,
-          staged ? &*staged : nullptr);
+          staged ? &*staged : nullptr, path == OutputPath::kStream ? line_head(yr) : 0);
       if (staged) staged->finish();
     };
     if (statistics_ahead) {

@@ -72,6 +72,13 @@ inline void stream_bytes(void* p, const V& v) {
 
 constexpr int64_t kCacheLine = 64;
 
+// Elements of T from p (aligned to T) up to the next cache-line boundary; 0 on a boundary.
+template <typename T>
+inline int64_t line_head(const T* p) {
+  const int64_t misalignment = static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(p) % kCacheLine);
+  return (kCacheLine - misalignment) % kCacheLine / int64_t(sizeof(T));
+}
+
 // Streams the one cache line at dst (line-aligned) from src (any alignment).
 C10_ALWAYS_INLINE void stream_line(char* dst, const char* src) {
   using V = at::vec::Vectorized<float>;
@@ -84,8 +91,8 @@ C10_ALWAYS_INLINE void stream_line(char* dst, const char* src) {
 // plain stores for the partial lines at either end, which neighbouring writes share. A
 // streaming store that leaves its line partly unwritten is flushed as a partial line that
 // memory has to merge: rows whose start or length is not a multiple of a line (N = 1000
-// float32) lost more to that than streaming saved, so their outputs are staged in cache and
-// written out with this.
+// float32) lost more to that than streaming saved, so the outputs that do not stream from
+// registers (line_head) are staged in cache and written out with this.
 inline void stream_copy(void* dst, const void* src, int64_t bytes) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
