@@ -71,10 +71,15 @@ def build_harness(out_dir, csrc=os.path.join(REPO, "csrc"), only_float=False,
         pytest.skip("no C++ compiler (g++) to build the emulation")
     flags = compiler_flags(only_float)
     flags = [f.replace(os.path.join(REPO, "csrc"), csrc) for f in flags]
-    digest = hashlib.sha256(" ".join([compiler] + flags).encode())
+    # Keyed on what is compiled, not where the copy of csrc lies: an edited copy in a
+    # temporary folder (the row-state knobs) is built once, not on every run.
+    def where(text):
+        return text.replace(csrc, "<csrc>")
+
+    digest = hashlib.sha256(" ".join([compiler, program] + [where(f) for f in flags]).encode())
     for path in sources(csrc):
         with open(path, "rb") as f:
-            digest.update(path.encode() + f.read())
+            digest.update(where(path).encode() + f.read())
     binary = os.path.join(out_dir, f"{program}-{digest.hexdigest()[:16]}")
     os.makedirs(out_dir, exist_ok=True)
     # One compile per binary, also under pytest-xdist: the other processes wait for it

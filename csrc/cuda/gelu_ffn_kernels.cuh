@@ -27,7 +27,9 @@ namespace gelu_ffn_detail {
 template <typename T>
 using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// kVec elements of T moved as one 16-byte (or, for kVec = 1, one-element) access.
+// kVec elements of T moved as one 16-byte (or, for kVec = 1, one-element) access. Not
+// device_utils.cuh's Pack and stores: its explicit store instruction cost these kernels an
+// address add per store, which the compiler folds into a plain store.
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
