@@ -487,10 +487,16 @@ def _check_gelu_ffn_args(fn: str, input, weight1, bias1, weight2, bias2, approxi
             raise FusedValueError(f"{fn}: {name} must have shape [{size}], got {list(bias.shape)}")
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is enabled for device_type; False for a device type autocast does not
+    know (meta, where torch.is_autocast_enabled raises)."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def _autocast_linear_dtype(device_type: str, tensors: list) -> list:
     """Under autocast, torch.nn.functional.linear runs in the autocast dtype (float16 or
     bfloat16) whatever its inputs' dtypes; the FFN does the same."""
-    if not torch.is_autocast_enabled(device_type):
+    if not _autocast_on(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
     return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
@@ -544,7 +550,7 @@ def _check_layer_norm_gelu_ffn_call(
 ) -> None:
     fn = "fusednorm.layer_norm_gelu_ffn"
     _check_ffn_tensors(fn, input, {})
-    if torch.is_autocast_enabled(input.device.type):  # checked as its two parts
+    if _autocast_on(input.device.type):  # checked as its two parts
         _check_layer_norm_call(input, input.shape[-1:], ln_weight, ln_bias, eps)
         _check_gelu_ffn_call(input, weight1, bias1, weight2, bias2, approximate)
         return
@@ -582,7 +588,7 @@ def layer_norm_gelu_ffn(
 def _reference_layer_norm_gelu_ffn(*args):
     _check_layer_norm_gelu_ffn_call(*args)
     input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2, approximate = args
-    if torch.is_autocast_enabled(input.device.type):
+    if _autocast_on(input.device.type):
         normed = layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
         return input + gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
     _warn_fallback(input.device.type)

@@ -118,6 +118,48 @@ def test_meta_tensors_give_shapes_without_computing():
     assert out.shape == x.shape and out.device.type == "meta"
 
 
+META_MODULES = {
+    "layer_norm": lambda: fusednorm.FusedLayerNorm(6),
+    "rms_norm": lambda: fusednorm.FusedRMSNorm(6),
+    "add_layer_norm": lambda: fusednorm.FusedAddLayerNorm(6, dropout_p=0.1),
+    "add_rms_norm": lambda: fusednorm.FusedAddRMSNorm(6, dropout_p=0.1),
+    "gelu_ffn": lambda: fusednorm.FusedGeluFFN(6, 10),
+    "layer_norm_gelu_ffn": lambda: fusednorm.FusedLayerNormGeluFFN(6, d_hidden=10),
+}
+
+
+@pytest.mark.parametrize("name", sorted(META_MODULES))
+def test_module_built_on_meta_runs_there_then_materializes(name):
+    """Deferred init (FSDP2's and HF's): a module built under torch.device("meta") runs
+    forward and backward on meta tensors, shapes only; to_empty + reset_parameters then
+    gives the CPU module's results."""
+    with torch.device("meta"):
+        module = META_MODULES[name]()
+    x = torch.randn(2, 3, 6, device="meta", requires_grad=True)
+    args = (x, torch.randn(2, 3, 6, device="meta")) if name.startswith("add_") else (x,)
+    outs = module(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert all(o.device.type == "meta" and o.shape == x.shape for o in outs)
+    sum(o.sum() for o in outs).backward()
+    assert x.grad.device.type == "meta" and x.grad.shape == x.shape
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in module.parameters())
+
+    module.to_empty(device="cpu")
+    for m in module.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    fresh = META_MODULES[name]()
+    for a, b in zip(module.parameters(), fresh.parameters()):
+        if a.dim() == 1 and name in ("layer_norm", "rms_norm", "add_layer_norm",
+                                     "add_rms_norm"):  # the norms' init is not random
+            torch.testing.assert_close(a, b)
+    module.load_state_dict(fresh.state_dict())
+    module.eval(), fresh.eval()
+    cpu_args = [random_input(tuple(a.shape), torch.float32, "cpu") for a in args]
+    got, want = module(*cpu_args), fresh(*cpu_args)
+    torch.testing.assert_close(got, want)
+
+
 def test_device_without_kernel_falls_back_to_reference_with_a_warning(monkeypatch):
     """A device with no compiled kernel (the dispatcher raises NotImplementedError, as for
     CUDA tensors in a CPU-only build): a warning, then the reference's result."""
