@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from . import _loader, ops, reference
+from . import _jagged, _loader, ops, reference
 from .errors import OP_ERRORS, FusedTypeError, FusedValueError, as_argument_error
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -232,6 +232,9 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
         out = getattr(fast, name)(*args)
         if out is not NotImplemented:
             return out
+    if _jagged.is_nested(args[0]):
+        return _jagged.on_values(
+            name, args, outputs, lambda a: _call(name, a, outputs, check, backend_op, fallback))
     flag_at = _FLAG_AT.get(name)
     if flag_at is not None and type(args[flag_at]) is not bool:
         check(*args)  # raises, naming zero_centered_weight

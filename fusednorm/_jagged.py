@@ -1,0 +1,60 @@
+"""The ops on jagged nested tensors (torch.nested, layout=torch.jagged), as nn.LayerNorm
+and nn.Linear take them: each row is normalized (or transformed) on its own, so an op over
+trailing dims that leave out the ragged one runs on the tensor's packed values and its
+outputs are wrapped with the input's offsets. Autograd flows through values() and the
+wrapping, both differentiable views."""
+from __future__ import annotations
+
+import torch
+
+from .errors import FusedTypeError, FusedValueError
+
+# Where each op's normalized_shape sits in its arguments; the FFN ops work on the last dim.
+_NORMALIZED_SHAPE_AT = {"layer_norm": 1, "rms_norm": 1, "add_layer_norm": 2, "add_rms_norm": 2}
+
+
+def is_nested(input) -> bool:
+    return isinstance(input, torch.Tensor) and input.is_nested
+
+
+def _trailing_dims(name: str, args: tuple) -> int:
+    at = _NORMALIZED_SHAPE_AT.get(name)
+    if at is None:
+        return 1
+    shape = args[at]
+    return 1 if isinstance(shape, int) else len(shape)
+
+
+def on_values(name: str, args: tuple, outputs: int, call):
+    """call(values_args) on the packed values of the nested tensors among args (input's
+    structure: every nested argument must share input's offsets), its tensor outputs
+    wrapped back as nested tensors of input's structure."""
+    fn = f"fusednorm.{name}"
+    input = args[0]
+    if input.layout != torch.jagged:
+        raise FusedTypeError(f"{fn}: input is a nested tensor of layout {input.layout}; only "
+                             "torch.jagged nested tensors are supported")
+    ragged = input._ragged_idx
+    trailing = _trailing_dims(name, args)
+    if trailing > input.dim() - 1 - ragged:
+        raise FusedValueError(
+            f"{fn}: the {trailing} normalized dim(s) of input (shape {tuple(input.shape)}) "
+            f"must not include its ragged dim {ragged} or its batch dim")
+    offsets = input.offsets()
+    values_args = []
+    for i, arg in enumerate(args):
+        if i > 0 and is_nested(arg):
+            if arg.layout != torch.jagged or arg.offsets() is not offsets \
+                    or arg._ragged_idx != ragged:
+                raise FusedValueError(f"{fn}: argument {i} is a nested tensor of another "
+                                      "structure than input's (a jagged tensor sharing "
+                                      "input's offsets is needed)")
+            arg = arg.values()
+        values_args.append(input.values() if i == 0 else arg)
+    result = call(tuple(values_args))
+    wrap = lambda values: torch.nested.nested_tensor_from_jagged(  # noqa: E731
+        values, offsets, input.lengths(), jagged_dim=ragged,
+        min_seqlen=input._maybe_min_seqlen, max_seqlen=input._maybe_max_seqlen)
+    if outputs == 1:
+        return wrap(result)
+    return tuple(wrap(t) for t in result)
