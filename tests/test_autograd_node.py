@@ -63,3 +63,23 @@ def test_statistics_are_not_differentiable():
     out, mean, rstd = fusednorm.FusedLayerNormFunction.apply(x, (6,), None, None, 1e-5)
     assert out.requires_grad
     assert not mean.requires_grad and not rstd.requires_grad
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_add_ops_keep_only_the_sum_of_their_inputs(name, dropout_p):
+    """What eager's add then norm keeps for the backward: the sum (with the parameters and
+    statistics), not input or residual, which a training step would otherwise hold
+    alive until its backward (a [tokens, d] tensor a layer)."""
+    x = random_input((5, 6), torch.float32, "cpu").requires_grad_()
+    r = random_input((5, 6), torch.float32, "cpu", seed=1).requires_grad_()
+    w = torch.randn(6, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out, s = getattr(fusednorm, name)(x, r, (6,), w, dropout_p=dropout_p)
+    kept = {t.data_ptr() for t in saved if t.numel()}
+    assert s.data_ptr() in kept
+    assert x.data_ptr() not in kept and r.data_ptr() not in kept
+    # The create_graph backward (from the sum as saved) still gives exact second derivatives.
+    (gx, gr) = torch.autograd.grad((out * out).sum(), (x, r), create_graph=True)
+    assert gx.requires_grad and gr.requires_grad

@@ -88,22 +88,21 @@ inline at::Tensor residual_sum(const at::Tensor& input, const at::Tensor& residu
 
 // The gradients (input, residual, weight, bias) of a norm op: y = norm(s) with
 // s = input + residual (s = input without a residual), and the sum s as a second output.
-// grad_out or grad_sum may be undefined (no gradient reached it); weight and bias may be
-// undefined. The arithmetic is in compute_type, the result rounded once to the input's
-// (and the parameters') dtype; sum_type: the sum's (residual_sum), whose gradient is the
-// residual's before its rounding to the residual's dtype; multipliers: the input's dropout /
-// rowscale (residual_sum), which its gradient is multiplied by.
-inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
-                                             const at::Tensor& input, const at::Tensor& residual,
-                                             int64_t dims, const at::Tensor& weight,
-                                             const at::Tensor& bias, double eps,
-                                             const at::Tensor& grad_out,
+// sum: s itself, for the add ops the op's sum output, whose grad_fn (the op's node) carries a
+// gradient of these on to input and residual, so that neither is kept for a create_graph
+// backward. grad_out or grad_sum may be undefined (no gradient reached it); weight and bias
+// may be undefined. The arithmetic is in compute_type, the result rounded once to the
+// input's (input_type) and the parameters' dtypes; the sum's gradient is the residual's
+// before its rounding to residual_type (none: no residual); multipliers: the input's
+// dropout / rowscale (residual_sum), which its gradient is multiplied by.
+inline std::vector<at::Tensor> norm_backward(bool centered, const at::Tensor& sum, int64_t dims,
+                                             const at::Tensor& weight, const at::Tensor& bias,
+                                             double eps, const at::Tensor& grad_out,
                                              const at::Tensor& grad_sum,
-                                             at::ScalarType sum_type,
+                                             at::ScalarType input_type,
+                                             std::optional<at::ScalarType> residual_type,
                                              const at::Tensor& multipliers = {}) {
   std::vector<at::Tensor> grads(4);
-  const at::Tensor sum =
-      has_residual ? residual_sum(input, residual, sum_type, multipliers) : input;
   at::Tensor grad_input;
   if (grad_out.defined()) {
     const auto type = compute_type(sum, weight, bias);
@@ -123,9 +122,9 @@ inline std::vector<at::Tensor> norm_backward(bool centered, bool has_residual,
                                       : grad_sum;
   }
   if (grad_input.defined()) {
-    grads[0] = multipliers.defined() ? (grad_input * multipliers).to(input.scalar_type())
-                                     : grad_input.to(input.scalar_type());
-    if (has_residual) grads[1] = grad_input.to(residual.scalar_type());
+    grads[0] = multipliers.defined() ? (grad_input * multipliers).to(input_type)
+                                     : grad_input.to(input_type);
+    if (residual_type.has_value()) grads[1] = grad_input.to(*residual_type);
   }
   return grads;
 }

@@ -83,9 +83,9 @@ struct BlockBackward : public SavedListNode {
           formulas::norm_forward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps_);
       const auto ffn = formulas::ffn_backward(normed, weight1, bias1, weight2, bias2,
                                                        approximate_, grad_out);
-      const auto norm = formulas::norm_backward(
-          /*centered=*/true, /*has_residual=*/false, input, at::Tensor(), 1, ln_weight, ln_bias,
-          eps_, ffn[0], at::Tensor(), input.scalar_type());
+      const auto norm =
+          formulas::norm_backward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps_, ffn[0],
+                                  at::Tensor(), input.scalar_type(), std::nullopt);
       return {norm[0] + grad_out, norm[2], norm[3], ffn[1], ffn[2], ffn[3], ffn[4]};
     }
 

@@ -244,9 +244,6 @@ inline at::Tensor none_like(const at::Tensor& t) {
 struct NormBackward : public torch::autograd::Node {
   torch::autograd::SavedVariable normed_input_;  // input, or the sum output (residual)
   torch::autograd::SavedVariable weight_, bias_, mean_, rstd_;
-  // For a create_graph backward, which recomputes from the op's inputs: with a residual
-  // (without one, normed_input_ is the input).
-  torch::autograd::SavedVariable input_, residual_;
   // The add ops' dropout / rowscale (inactive: none): the input's gradient is the sum's
   // times the forward's multipliers, its mask regenerated from rng_state.
   bool dropout_active_ = false;
@@ -264,8 +261,7 @@ struct NormBackward : public torch::autograd::Node {
   }
 
   void release_variables() override {
-    for (auto* v : {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &input_, &residual_,
-                    &rowscale_, &rng_state_}) {
+    for (auto* v : {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &rowscale_, &rng_state_}) {
       v->reset_data();
     }
   }
@@ -281,13 +277,13 @@ struct NormBackward : public torch::autograd::Node {
     if (!grad_out.defined() && !grad_sum.defined()) return result;
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
-      const at::Tensor input = kind_.residual ? input_.unpack() : normed_input;
+      // From the sum output as saved (its grad_fn is this node), not input + residual again.
       const at::Tensor m = dropout_active_
-                               ? multipliers(input, dims_, dropout, rng_state_.unpack())
+                               ? multipliers(normed_input, dims_, dropout, rng_state_.unpack())
                                : at::Tensor();
-      return formulas::norm_backward(kind_.centered, kind_.residual, input,
-                                              residual_.unpack(), dims_, weight, bias, eps_,
-                                              grad_out, grad_sum, sum_type_, m);
+      return formulas::norm_backward(
+          kind_.centered, normed_input, dims_, weight, bias, eps_, grad_out, grad_sum,
+          input_type_, kind_.residual ? std::optional(residual_type_) : std::nullopt, m);
     }
 
     const at::Tensor x = as_rows(normed_input, dims_);
@@ -356,13 +352,6 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
   // RMSNorm has no mean: norm_bwd takes an empty tensor for it.
   node->mean_ = torch::autograd::SavedVariable(mean.defined() ? mean : none_like(rstd), false);
   node->rstd_ = torch::autograd::SavedVariable(rstd, false);
-  // Only a create_graph backward reads these: with a residual the input is not otherwise
-  // saved (a reference to it, no copy). Without one, saving nothing more is host time
-  // saved on every call with grad.
-  if (kind.residual) {
-    node->input_ = torch::autograd::SavedVariable(input, false);
-    node->residual_ = torch::autograd::SavedVariable(*residual, false);
-  }
   if (dropout.active()) {
     node->dropout_active_ = true;
     node->dropout_p_ = dropout.p;
