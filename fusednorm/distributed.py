@@ -298,6 +298,7 @@ class FFNBoundary(ParallelStyle):
 
         module.register_forward_pre_hook(prepare_input)
         module.register_forward_hook(prepare_output)
+        module._tp_hooks_bypassed = True
         return module
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _hooks
 
 from . import functional
 from .errors import FusedTypeError, FusedValueError
@@ -174,6 +175,46 @@ def _check_approximate(approximate: str) -> str:
     return approximate
 
 
+def _without_hooks(module: nn.Module) -> bool:
+    """Whether calling module would run no hook of its own nor a global module hook (the
+    test nn.Module.__call__ makes for its fast path)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or _hooks._global_forward_hooks
+                or _hooks._global_forward_pre_hooks or _hooks._global_backward_hooks
+                or _hooks._global_backward_pre_hooks)
+
+
+def _weights_the_op_takes(linear: nn.Module) -> bool:
+    """Plain tensors or DTensors (which the ops' sharding rules take), not other tensor
+    subclasses (quantized weights), which only their own F.linear handles."""
+    return all(p is None or type(p) in _PLAIN_TENSORS or _is_dtensor(p)
+               for p in (linear.weight, linear.bias))
+
+
+def _fuses(block: nn.Module, *modules: tuple[nn.Module, type]) -> bool:
+    """Whether the fused op computes what calling the submodules would: each exactly of its
+    class (not replaced by another, such as PEFT's LoRA layers, torchao's Float8Linear or a
+    quantized Linear) and hook-free (FSDP2's unshard, calibration observers) unless the
+    block's tensor-parallel plan put the hooks there (_tp_hooks_bypassed); nn.Linear weights
+    of a kind the op takes. Otherwise the block calls its submodules, unfused."""
+    for module, cls in modules:
+        if type(module) is not cls:
+            return False
+        if not block._tp_hooks_bypassed and not _without_hooks(module):
+            return False
+        if cls is nn.Linear and not _weights_the_op_takes(module):
+            return False
+    return True
+
+
+def _is_dtensor(t) -> bool:
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    return dtensor is not None and isinstance(t, dtensor)
+
+
+_PLAIN_TENSORS = (nn.Parameter, torch.Tensor)
+
+
 def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
              approximate: str, device, dtype) -> None:
     """module.approximate, and module.fc1 (d_model -> d_hidden, default 4 * d_model) and
@@ -192,7 +233,14 @@ class FusedGeluFFN(nn.Module):
     fc1 (d_model -> d_hidden, default 4 * d_model) and fc2 (d_hidden -> d_model) are plain
     nn.Linear submodules, so initialisation code, parameter names (fc1.weight, fc1.bias,
     fc2.weight, fc2.bias) and state dicts work as usual. bias=False drops both biases.
+    Where calling fc1 and fc2 would do more than the fused op (a replaced submodule such as
+    a LoRA or float8 layer, a hook on one, a quantized weight), forward calls them, unfused.
     """
+
+    # Set by fusednorm.distributed.tp_plan's FFNBoundary: the hooks its ColwiseParallel and
+    # RowwiseParallel put on fc1 / fc2 serve the unfused form; the fused op reads the
+    # weights' shards and FFNBoundary lays out the input and output.
+    _tp_hooks_bypassed: bool = False
 
     def __init__(
         self,
@@ -207,6 +255,8 @@ class FusedGeluFFN(nn.Module):
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not _fuses(self, (self.fc1, nn.Linear), (self.fc2, nn.Linear)):
+            return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
         return functional.gelu_ffn(
             input, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
             self.approximate,
@@ -224,8 +274,11 @@ class FusedLayerNormGeluFFN(nn.Module):
 
     Submodules norm (a FusedLayerNorm, i.e. an nn.LayerNorm, with weight and bias), fc1 and
     fc2 (nn.Linear), so state dicts map from the usual modules by name. bias applies to fc1
-    and fc2, as in Transformer Engine's LayerNormMLP; the LayerNorm keeps its bias.
+    and fc2, as in Transformer Engine's LayerNormMLP; the LayerNorm keeps its bias. As
+    FusedGeluFFN, it calls its submodules, unfused, where that would do more than the fused op.
     """
+
+    _tp_hooks_bypassed: bool = False  # as FusedGeluFFN's
 
     def __init__(
         self,
@@ -243,6 +296,10 @@ class FusedLayerNormGeluFFN(nn.Module):
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.norm.zero_centered_weight or not _fuses(
+                self, (self.norm, FusedLayerNorm), (self.fc1, nn.Linear), (self.fc2, nn.Linear)):
+            hidden = nn.functional.gelu(self.fc1(self.norm(input)), approximate=self.approximate)
+            return input + self.fc2(hidden)
         return functional.layer_norm_gelu_ffn(
             input, self.norm.weight, self.norm.bias, self.norm.eps, self.fc1.weight,
             self.fc1.bias, self.fc2.weight, self.fc2.bias, self.approximate,

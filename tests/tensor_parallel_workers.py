@@ -224,7 +224,8 @@ def ffn_modules(rank: int, world: int) -> None:
     from fusednorm.distributed import tp_plan
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
 
     mesh = init_device_mesh(DEVICE, (world,))
     for cls in (fusednorm.FusedGeluFFN, fusednorm.FusedLayerNormGeluFFN):
@@ -257,6 +258,31 @@ def ffn_modules(rank: int, world: int) -> None:
             _close(x_local.grad, grad, f"{what} input grad")
             for (name, p), r in zip(module.named_parameters(), ref.parameters()):
                 _close(_full(p.grad), r.grad, f"{what} {name} grad")
+            assert any(n.startswith("fusednorm.") for n in _graph_nodes(out)), what
+
+        # PyTorch's own plan for the two Linears: the module calls them with their hooks,
+        # unfused, and gets the same result.
+        torch.manual_seed(0)
+        ref = cls(8, 4 * world, device=DEVICE)
+        module = cls(8, 4 * world, device=DEVICE)
+        module.load_state_dict(ref.state_dict())
+        parallelize_module(module, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        x = _random(2, 3, 8, seed=3)
+        out = module(x)
+        assert not any(n.startswith("fusednorm.gelu") for n in _graph_nodes(out))
+        _close(out, ref(x), f"{cls.__name__} under ColwiseParallel/RowwiseParallel")
+
+
+def _graph_nodes(t) -> set[str]:
+    """The names of the autograd nodes t was computed through."""
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node.name() in seen:
+            continue
+        seen.add(node.name())
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return seen
 
 
 # --- the example GPT, trained ------------------------------------------------------------

@@ -735,3 +735,97 @@ def test_cuda_other_device_and_stream():
         y_eager = eager(x)
     stream.synchronize()
     torch.testing.assert_close(y, y_eager, atol=2e-2, rtol=2e-2)
+
+
+class _LoRA(nn.Module):
+    """A replaced fc1 as PEFT's LoRA layers: the base Linear plus a low-rank update, with
+    the base's weight exposed as an attribute."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2):
+        super().__init__()
+        self.base_layer = base
+        self.lora_a = nn.Parameter(torch.randn(rank, base.in_features) * 0.3)
+        self.lora_b = nn.Parameter(torch.randn(base.out_features, rank) * 0.3)
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+    def forward(self, x):
+        return self.base_layer(x) + x @ self.lora_a.t() @ self.lora_b.t()
+
+
+class _Marked(torch.Tensor):
+    """A weight of a tensor subclass other than DTensor (as a quantized weight)."""
+
+
+def _ffn_expected(x, w1, b1, w2, b2, scale1=1.0, delta1=None):
+    h = nn.functional.linear(x, w1, b1) * scale1
+    if delta1 is not None:
+        h = h + delta1
+    return nn.functional.linear(nn.functional.gelu(h), w2, b2)
+
+
+@pytest.mark.parametrize("block", [False, True])
+@pytest.mark.parametrize("change", ["fc1_hook", "fc2_pre_hook", "global_hook", "lora_fc1",
+                                    "marked_weight", "norm_hook"])
+def test_ffn_modules_call_submodules_that_do_more(block, change):
+    """A hook, a replaced submodule or a weight of another tensor subclass on fc1/fc2 (or the
+    block's norm): forward calls the submodules, so what they add takes effect, never
+    silently skipped by the fused op."""
+    if change == "norm_hook" and not block:
+        pytest.skip("FusedGeluFFN has no norm")
+    torch.manual_seed(0)
+    module = (fusednorm.FusedLayerNormGeluFFN(8, d_hidden=12) if block
+              else fusednorm.FusedGeluFFN(8, 12))
+    x = random_input((5, 8), torch.float64, "cpu").float().requires_grad_()
+    w1, b1 = module.fc1.weight.detach(), module.fc1.bias.detach()
+    w2, b2 = module.fc2.weight.detach(), module.fc2.bias.detach()
+    inner = (lambda t: nn.functional.layer_norm(t, (8,), module.norm.weight.detach(),
+                                                module.norm.bias.detach())) if block \
+        else (lambda t: t)
+    outer = (lambda t, y: t + y) if block else (lambda t, y: y)
+    scale1, delta1, ln_scale = 1.0, None, 1.0
+    handle = None
+    if change == "fc1_hook":
+        handle = module.fc1.register_forward_hook(lambda m, i, o: o * 2)
+        scale1 = 2.0
+    elif change == "fc2_pre_hook":
+        handle = module.fc2.register_forward_pre_hook(lambda m, i: (i[0] * 0.5,))
+        w2 = w2 * 0.5
+    elif change == "global_hook":
+        calls = []
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: calls.append(type(m).__name__))
+    elif change == "lora_fc1":
+        module.fc1 = _LoRA(module.fc1)
+    elif change == "marked_weight":
+        marked = torch.Tensor._make_subclass(_Marked, module.fc1.weight.detach())
+        del module.fc1.weight
+        module.fc1.weight = marked
+    elif change == "norm_hook":
+        handle = module.norm.register_forward_hook(lambda m, i, o: o * 3)
+        ln_scale = 3.0
+    try:
+        out = module(x)
+    finally:
+        if handle is not None:
+            handle.remove()
+    normed = inner(x) * ln_scale
+    if change == "lora_fc1":
+        delta1 = normed @ module.fc1.lora_a.t() @ module.fc1.lora_b.t()
+    expected = outer(x, _ffn_expected(normed, w1, b1, w2, b2, scale1, delta1))
+    torch.testing.assert_close(out, expected.detach() if change == "lora_fc1" else expected)
+    assert not out.grad_fn.name().startswith("fusednorm.")
+    if change == "global_hook":
+        assert "Linear" in calls
+    if change == "lora_fc1":
+        out.sum().backward()
+        assert module.fc1.lora_a.grad is not None and module.fc1.lora_a.grad.abs().sum() > 0
+    # Back to plain submodules: the fused op again.
+    if change not in ("lora_fc1", "marked_weight"):
+        assert module(x).grad_fn.name().startswith("fusednorm.")
