@@ -175,34 +175,32 @@ def _check_approximate(approximate: str) -> str:
     return approximate
 
 
-def _without_hooks(module: nn.Module) -> bool:
-    """Whether calling module would run no hook of its own nor a global module hook (the
-    test nn.Module.__call__ makes for its fast path)."""
-    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or _hooks._global_forward_hooks
-                or _hooks._global_forward_pre_hooks or _hooks._global_backward_hooks
-                or _hooks._global_backward_pre_hooks)
-
-
-def _weights_the_op_takes(linear: nn.Module) -> bool:
-    """Plain tensors or DTensors (which the ops' sharding rules take), not other tensor
-    subclasses (quantized weights), which only their own F.linear handles."""
-    return all(p is None or type(p) in _PLAIN_TENSORS or _is_dtensor(p)
-               for p in (linear.weight, linear.bias))
-
-
 def _fuses(block: nn.Module, *modules: tuple[nn.Module, type]) -> bool:
     """Whether the fused op computes what calling the submodules would: each exactly of its
     class (not replaced by another, such as PEFT's LoRA layers, torchao's Float8Linear or a
-    quantized Linear) and hook-free (FSDP2's unshard, calibration observers) unless the
-    block's tensor-parallel plan put the hooks there (_tp_hooks_bypassed); nn.Linear weights
-    of a kind the op takes. Otherwise the block calls its submodules, unfused."""
+    quantized Linear) and no module hook to run (FSDP2's unshard, observers; none counted
+    where the block's tensor-parallel plan put them, _tp_hooks_bypassed). Otherwise the
+    block calls its submodules, unfused. (nn.Module.__call__'s own test for its fast path.)"""
+    check_hooks = not block._tp_hooks_bypassed
+    if check_hooks and (_hooks._global_forward_hooks or _hooks._global_forward_pre_hooks
+                        or _hooks._global_backward_hooks or _hooks._global_backward_pre_hooks):
+        return False
     for module, cls in modules:
         if type(module) is not cls:
             return False
-        if not block._tp_hooks_bypassed and not _without_hooks(module):
+        if check_hooks and (module._forward_hooks or module._forward_pre_hooks
+                            or module._backward_hooks or module._backward_pre_hooks):
             return False
-        if cls is nn.Linear and not _weights_the_op_takes(module):
+    return True
+
+
+def _op_takes(*params) -> bool:
+    """Whether the FFN op takes these weights and biases: plain tensors or DTensors (which
+    its sharding rules take), not other tensor subclasses (quantized weights), which only
+    their own F.linear handles."""
+    for p in params:
+        if p is not None and type(p) is not nn.Parameter and type(p) is not torch.Tensor \
+                and not _is_dtensor(p):
             return False
     return True
 
@@ -210,9 +208,6 @@ def _fuses(block: nn.Module, *modules: tuple[nn.Module, type]) -> bool:
 def _is_dtensor(t) -> bool:
     dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
     return dtensor is not None and isinstance(t, dtensor)
-
-
-_PLAIN_TENSORS = (nn.Parameter, torch.Tensor)
 
 
 def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
@@ -255,12 +250,12 @@ class FusedGeluFFN(nn.Module):
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not _fuses(self, (self.fc1, nn.Linear), (self.fc2, nn.Linear)):
-            return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
-        return functional.gelu_ffn(
-            input, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
-            self.approximate,
-        )
+        fc1, fc2 = self.fc1, self.fc2
+        if _fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)):
+            w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
+            if _op_takes(w1, b1, w2, b2):
+                return functional.gelu_ffn(input, w1, b1, w2, b2, self.approximate)
+        return fc2(nn.functional.gelu(fc1(input), approximate=self.approximate))
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
@@ -296,14 +291,14 @@ class FusedLayerNormGeluFFN(nn.Module):
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.norm.zero_centered_weight or not _fuses(
-                self, (self.norm, FusedLayerNorm), (self.fc1, nn.Linear), (self.fc2, nn.Linear)):
-            hidden = nn.functional.gelu(self.fc1(self.norm(input)), approximate=self.approximate)
-            return input + self.fc2(hidden)
-        return functional.layer_norm_gelu_ffn(
-            input, self.norm.weight, self.norm.bias, self.norm.eps, self.fc1.weight,
-            self.fc1.bias, self.fc2.weight, self.fc2.bias, self.approximate,
-        )
+        norm, fc1, fc2 = self.norm, self.fc1, self.fc2
+        if _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear)) \
+                and not norm.zero_centered_weight:
+            w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
+            if _op_takes(w1, b1, w2, b2):
+                return functional.layer_norm_gelu_ffn(
+                    input, norm.weight, norm.bias, norm.eps, w1, b1, w2, b2, self.approximate)
+        return input + fc2(nn.functional.gelu(fc1(norm(input)), approximate=self.approximate))
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
