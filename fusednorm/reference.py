@@ -106,8 +106,10 @@ def dropout_multipliers(shape: Sequence[int], dims: int, dropout_p: float, seed:
                         offset: int, rowscale: torch.Tensor | None = None) -> torch.Tensor:
     """The add ops' dropout / rowscale multipliers of one call (seed, offset: its
     rng_state), as float64 of `shape`: element i of the [M, N] rows (N the last `dims`
-    dims) is kept when output i % 4 of Philox4x32-10(counter (i // 4, offset), key seed) is
-    >= round(p * 2^32); a kept one is 1 / (1 - p) (0 for p = 1) times its row's rowscale.
+    dims) is kept when output i % 4 of Philox4x32-10(counter (i // 4, offset ^ 2^63), key
+    seed) is >= round(p * 2^32) (the flipped bit keeps the counters apart from those of
+    torch's own CUDA random ops under the same seed); a kept one is 1 / (1 - p) (0 for
+    p = 1) times its row's rowscale.
     The kernels round 1 / (1 - p) to their computation type, then its product with the
     rowscale: compare within those two roundings."""
     numel = 1
@@ -116,8 +118,9 @@ def dropout_multipliers(shape: Sequence[int], dims: int, dropout_p: float, seed:
     index = torch.arange(numel, dtype=torch.int64)
     quad = index >> 2
     seed, offset = seed & ((1 << 64) - 1), offset & ((1 << 64) - 1)
-    counter = [quad & _M32, quad >> 32, torch.full_like(quad, offset & _M32),
-               torch.full_like(quad, offset >> 32)]
+    high = offset ^ (1 << 63)
+    counter = [quad & _M32, quad >> 32, torch.full_like(quad, high & _M32),
+               torch.full_like(quad, high >> 32)]
     draws = torch.stack(philox4x32_10(counter, (seed & _M32, seed >> 32)))
     draw = draws.gather(0, (index & 3).unsqueeze(0)).squeeze(0)
     keep = draw >= round(dropout_p * 2.0 ** 32)

@@ -58,6 +58,31 @@ def test_philox_known_answers():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offset", [0, 8, 4 * 12345])
+def test_mask_counters_apart_from_torch_cuda_random_ops(device, offset):
+    """PyTorch's CUDA random ops draw Philox4x32-10 under the generator's seed at counters
+    (offset / 4 + draw, thread index): a call's mask must not be drawn at (i / 4, offset),
+    which would make it the numbers of thread `offset` of later torch random ops. The mask
+    is drawn at (i / 4, offset ^ 2^63)."""
+    seed, n = 0x1234_5678_9ABC, 4096
+    state = torch.tensor([seed, offset], dtype=torch.int64, device=device)
+    ones = torch.ones(1, n, dtype=F32, device=device)
+    kept = torch.ops.fusednorm.dropout_scale(ones, None, state, 0.5, F32).cpu() != 0
+    quad = torch.arange(n // 4, dtype=torch.int64)
+    mask32 = 0xFFFFFFFF
+
+    def kept_at(high: int):
+        words = [quad & mask32, quad >> 32, torch.full_like(quad, high & mask32),
+                 torch.full_like(quad, high >> 32)]
+        draws = torch.stack(reference.philox4x32_10(words, (seed & mask32, seed >> 32)), 1)
+        return (draws.reshape(1, n) >= 2 ** 31)
+
+    assert torch.equal(kept, kept_at(offset ^ (1 << 63)))
+    shared = (kept == kept_at(offset)).float().mean().item()
+    assert 0.4 < shared < 0.6  # independent of thread `offset`'s numbers
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p, with_rowscale", [(0.1, False), (0.5, True), (0.0, True), (1.0, False)])

@@ -5,9 +5,9 @@
 // mask from those two numbers instead of storing it.
 //
 // Element i of the [M, N] rows (i = row * N + column) is kept when output i % 4 of
-// Philox4x32-10(counter = (i / 4 as 64 bits, offset as 64 bits), key = seed) is at least
-// dropout_threshold(p); a kept element is multiplied by 1 / (1 - p) (and the row's
-// rowscale), a dropped one by 0.
+// Philox4x32-10(counter = (i / 4 as 64 bits, counter_high(offset) as 64 bits), key = seed)
+// is at least dropout_threshold(p); a kept element is multiplied by 1 / (1 - p) (and the
+// row's rowscale), a dropped one by 0.
 
 #include <c10/macros/Macros.h>
 
@@ -54,10 +54,20 @@ C10_HOST_DEVICE inline Block philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2
   return Block{{c0, c1, c2, c3}};
 }
 
+// The counter's high 64 bits of one call: its offset with the top bit flipped. PyTorch's own
+// CUDA random ops draw Philox4x32-10 under the same key (the generator's seed) at counters
+// (offset / 4 + draw, thread index) (curand_init's offset and subsequence); with the offset
+// there as is, a call's draws would be those of thread `offset` of later torch random ops.
+// Thread indices and CUDA offsets stay below 2^63, so no counter is shared.
+C10_HOST_DEVICE inline uint64_t counter_high(uint64_t offset) {
+  return offset ^ (uint64_t(1) << 63);
+}
+
 // The four draws of elements 4 * quad .. 4 * quad + 3 of one call (seed, offset).
 C10_HOST_DEVICE inline Block draws(uint64_t seed, uint64_t offset, uint64_t quad) {
-  return philox4x32_10(uint32_t(quad), uint32_t(quad >> 32), uint32_t(offset),
-                       uint32_t(offset >> 32), uint32_t(seed), uint32_t(seed >> 32));
+  const uint64_t high = counter_high(offset);
+  return philox4x32_10(uint32_t(quad), uint32_t(quad >> 32), uint32_t(high),
+                       uint32_t(high >> 32), uint32_t(seed), uint32_t(seed >> 32));
 }
 
 // An element is kept when its draw (uniform on [0, 2^32)) is >= the threshold: p * 2^32

@@ -103,10 +103,11 @@ inline void draws(uint64_t seed, uint64_t offset, uint64_t quad, uint32_t* out) 
   using Reg = Lanes::Reg;
   const Reg mul0 = Lanes::broadcast(0xD2511F53u), mul1 = Lanes::broadcast(0xCD9E8D57u);
   Reg c0[V], c1[V], c2[V], c3[V];
+  const uint64_t high = philox::counter_high(offset);
   for (int v = 0; v < V; ++v) {
     Lanes::counters(quad + uint64_t(v) * kLanes, &c0[v], &c1[v]);
-    c2[v] = Lanes::broadcast(uint32_t(offset));
-    c3[v] = Lanes::broadcast(uint32_t(offset >> 32));
+    c2[v] = Lanes::broadcast(uint32_t(high));
+    c3[v] = Lanes::broadcast(uint32_t(high >> 32));
   }
   uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
   for (int round = 0; round < 10; ++round) {
