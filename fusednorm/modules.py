@@ -195,19 +195,15 @@ def _fuses(block: nn.Module, *modules: tuple[nn.Module, type]) -> bool:
 
 
 def _op_takes(*params) -> bool:
-    """Whether the FFN op takes these weights and biases: plain tensors or DTensors (which
-    its sharding rules take), not other tensor subclasses (quantized weights), which only
-    their own F.linear handles."""
+    """Whether the FFN op takes these weights and biases: PyTorch's own tensor types (plain,
+    Parameter, DTensor, and the FakeTensor / FunctionalTensor of export and compile
+    tracing), not a tensor subclass of another library (quantized or float8 weights), which
+    only its own F.linear handles."""
     for p in params:
         if p is not None and type(p) is not nn.Parameter and type(p) is not torch.Tensor \
-                and not _is_dtensor(p):
+                and type(p).__module__.partition(".")[0] != "torch":
             return False
     return True
-
-
-def _is_dtensor(t) -> bool:
-    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
-    return dtensor is not None and isinstance(t, dtensor)
 
 
 def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
