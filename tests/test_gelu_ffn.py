@@ -760,7 +760,7 @@ class _LoRA(nn.Module):
 
 
 class _Marked(torch.Tensor):
-    """A weight of a tensor subclass other than DTensor (as a quantized weight)."""
+    """A weight of a tensor subclass of another library (as a quantized weight)."""
 
 
 def _ffn_expected(x, w1, b1, w2, b2, scale1=1.0, delta1=None):
