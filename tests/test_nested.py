@@ -41,7 +41,8 @@ def test_norm_of_jagged_tensor_is_the_norm_of_its_values(device, dtype, op, tail
     values = x.values().detach().requires_grad_()
     dense = getattr(fusednorm, op)(values, normalized, *args)
     assert torch.equal(out.values(), dense)
-    torch.testing.assert_close(out.values(), getattr(F, op)(x, normalized, *args).values(),
+    # PyTorch's own result on the values (its jagged support varies across releases).
+    torch.testing.assert_close(out.values(), getattr(F, op)(values, normalized, *args),
                                **({} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}))
 
     grad = random_input(dense.shape, dtype, device, seed=3)
@@ -59,7 +60,7 @@ def test_transposed_jagged_tensor(device):
     out = fusednorm.layer_norm(x, (16,))
     same_structure(out, x)
     assert torch.equal(out.values(), fusednorm.layer_norm(x.values(), (16,)))
-    torch.testing.assert_close(out.values(), F.layer_norm(x, (16,)).values())
+    torch.testing.assert_close(out.values(), F.layer_norm(x.values(), (16,)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -88,7 +89,7 @@ def test_ffn_modules_on_jagged_tensor(device):
     eager = torch.nn.Sequential(ffn.fc1, torch.nn.GELU(), ffn.fc2)
     out = ffn(x)
     same_structure(out, x)
-    torch.testing.assert_close(out.values(), eager(x).values())
+    torch.testing.assert_close(out.values(), eager(x.values()))
     (gx,) = torch.autograd.grad(out.values().sum(), x)
     same_structure(gx, x)
     block = fusednorm.FusedLayerNormGeluFFN(12, d_hidden=20, device=device)
