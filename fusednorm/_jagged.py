@@ -9,33 +9,22 @@ import torch
 
 from .errors import FusedTypeError, FusedValueError
 
-# Where each op's normalized_shape sits in its arguments; the FFN ops work on the last dim.
-_NORMALIZED_SHAPE_AT = {"layer_norm": 1, "rms_norm": 1, "add_layer_norm": 2, "add_rms_norm": 2}
-
 
 def is_nested(input) -> bool:
     return isinstance(input, torch.Tensor) and input.is_nested
 
 
-def _trailing_dims(name: str, args: tuple) -> int:
-    at = _NORMALIZED_SHAPE_AT.get(name)
-    if at is None:
-        return 1
-    shape = args[at]
-    return 1 if isinstance(shape, int) else len(shape)
-
-
-def on_values(name: str, args: tuple, outputs: int, call):
+def on_values(name: str, args: tuple, outputs: int, trailing: int, call):
     """call(values_args) on the packed values of the nested tensors among args (input's
     structure: every nested argument must share input's offsets), its tensor outputs
-    wrapped back as nested tensors of input's structure."""
+    wrapped back as nested tensors of input's structure. trailing: the dims the op works
+    over, the last of input's."""
     fn = f"fusednorm.{name}"
     input = args[0]
     if input.layout != torch.jagged:
         raise FusedTypeError(f"{fn}: input is a nested tensor of layout {input.layout}; only "
                              "torch.jagged nested tensors are supported")
     ragged = input._ragged_idx
-    trailing = _trailing_dims(name, args)
     if trailing > input.dim() - 1 - ragged:
         raise FusedValueError(
             f"{fn}: the {trailing} normalized dim(s) of input (shape {tuple(input.shape)}) "

@@ -31,6 +31,8 @@ _dynamo_compiling = torch.compiler.is_dynamo_compiling
 # torch.ops (and the fallback) would take any int for it, so _call has the op's check name
 # a non-bool before either; the direct entries answer NotImplemented for one.
 _FLAG_AT: dict[str, int] = {}
+# Where normalized_shape sits in a norm op's arguments (for jagged inputs, _jagged).
+_SHAPE_AT: dict[str, int] = {}
 _warned_fallback: set[tuple[str, str]] = set()
 
 
@@ -233,8 +235,11 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
         if out is not NotImplemented:
             return out
     if _jagged.is_nested(args[0]):
-        return _jagged.on_values(
-            name, args, outputs, lambda a: _call(name, a, outputs, check, backend_op, fallback))
+        shape_at = _SHAPE_AT.get(name)  # the FFN ops work on the last dim
+        trailing = 1 if shape_at is None or isinstance(args[shape_at], int) \
+            else len(args[shape_at])
+        return _jagged.on_values(name, args, outputs, trailing,
+                                 lambda a: _call(name, a, outputs, check, backend_op, fallback))
     flag_at = _FLAG_AT.get(name)
     if flag_at is not None and type(args[flag_at]) is not bool:
         check(*args)  # raises, naming zero_centered_weight
@@ -435,6 +440,8 @@ def _unfused_add_rms_norm(input, residual, normalized_shape, weight, eps,
 
 _FLAG_AT.update({fn.__name__: list(inspect.signature(fn).parameters).index("zero_centered_weight")
                  for fn in (layer_norm, rms_norm, add_layer_norm, add_rms_norm)})
+_SHAPE_AT.update({fn.__name__: list(inspect.signature(fn).parameters).index("normalized_shape")
+                  for fn in (layer_norm, rms_norm, add_layer_norm, add_rms_norm)})
 
 _APPROXIMATE = ("none", "tanh")
 
