@@ -11,6 +11,8 @@ from fusednorm import reference
 from conftest import (ATOL, DEVICES, DTYPES, assert_close_three_way, assert_far_as_exact_as_near,
                       random_input, relative_errors, torch_layer_norm)
 
+ops = torch.ops.fusednorm
+
 SIZES = [1, 7, 768, 1023, 4096, 65537]
 # affine: weight and bias; weight_only: bias=None; none: neither.
 AFFINE = ["affine", "weight_only", "none"]
@@ -52,6 +54,39 @@ def check_forward_backward(x, normalized_shape, weight, bias, eps=1e-5, grad_see
         rows = x.numel() // max(1, mine.numel()) if name != "input" else 1
         atol = None if name == "input" else ATOL[dtype] * max(1, rows) ** 0.5
         assert_close_three_way(mine.grad, theirs.grad, ref_leaf.grad, dtype, what=f"grad {name}", atol=atol)
+
+
+def run_ops(x, weight, bias, dy, eps=1e-5):
+    """(out, mean, rstd, dx, dweight, dbias) from the two ops directly. Kept here, where
+    the CPU runs it (test_raw_ops_match_reference), though the CUDA-only tests use it most."""
+    out, _, mean, rstd = ops.norm_fwd(x, None, weight, bias, eps, True)
+    dx, dw, db, _ = ops.norm_bwd(dy, None, x, mean, rstd, weight, bias, True)
+    return out, mean, rstd, dx, dw, db
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_raw_ops_match_reference(device, dtype):
+    """norm_fwd / norm_bwd called directly, as the CUDA-only tests call them."""
+    M, N = 5, 301
+    x = random_input((M, N), dtype, device)
+    dy = random_input((M, N), dtype, device, scale=1.0, shift=0.0, seed=3)
+    weight, bias = make_params((N,), "affine", dtype, device)
+    out, mean, rstd, dx, dw, db = run_ops(x, weight, bias, dy)
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    ref = reference.layer_norm(leaves[0], (N,), leaves[1], leaves[2], 1e-5)
+    ref.backward(dy.double())
+    xd = x.double()
+    ref_mean = xd.mean(-1)
+    ref_rstd = (xd.var(-1, unbiased=False) + 1e-5).rsqrt()
+    assert mean.shape == rstd.shape == (M,)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-5, atol=1e-5)
+    for name, got, want in [("out", out, ref), ("grad input", dx, leaves[0].grad),
+                            ("grad weight", dw, leaves[1].grad), ("grad bias", db, leaves[2].grad)]:
+        assert got.dtype == dtype, name
+        atol = ATOL[dtype] * (M ** 0.5 if name in ("grad weight", "grad bias") else 1.0)
+        torch.testing.assert_close(got.double(), want, rtol=ATOL[dtype], atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import fusednorm
 from fusednorm import reference
 from conftest import HAS_CUDA, assert_close_three_way, random_input, torch_layer_norm
-from test_layer_norm import check_forward_backward, make_params
+from test_layer_norm import check_forward_backward, make_params, run_ops
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
@@ -52,13 +52,6 @@ def params(N, affine, dtype, device="cuda"):
         _, bias = make_params((N,), "affine", dtype, device)
         return None, bias
     return make_params((N,), affine, dtype, device)
-
-
-def run_ops(x, weight, bias, dy, eps=1e-5):
-    """(out, mean, rstd, dx, dweight, dbias) from the two ops directly."""
-    out, _, mean, rstd = ops.norm_fwd(x, None, weight, bias, eps, True)
-    dx, dw, db = ops.norm_bwd(dy, None, x, mean, rstd, weight, bias, True)
-    return out, mean, rstd, dx, dw, db
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
