@@ -3,12 +3,13 @@
 # included): about 9 minutes of work, results packed into ONE archive (the device tool brings
 # back few files, two folders deep). docs/gpu_runs/README.md says how to call it.
 #
-#   1. build fusednorm for the visible GPU (scripts/gpu_check.sh's build phase, ~2 min);
-#   2. the A/B variants' build (python -m benchmarks.cuda_ab build, CPU only) in the
-#      background, beside
+#   1. build fusednorm for the visible GPU (scripts/gpu_check.sh's build phase, ~4 min);
+#   2. with AB_QUESTIONS, the A/B variants' build (python -m benchmarks.cuda_ab build, CPU
+#      only) in the background, beside
 #   3. the CUDA and SASS tests (gpu_check.sh's test phase, -k "cuda or sass": the fuzz,
-#      tests/test_fuzz.py, included);
-#   4. the A/B sweep (python -m benchmarks.cuda_ab run): each variant against base and the copy;
+#      tests/test_fuzz.py, included; ~3 min alone);
+#   4. with AB_QUESTIONS, the A/B sweep (python -m benchmarks.cuda_ab run): each variant
+#      against base and the copy, its files rewritten after each case;
 #   5. the SASS figures of this build (python -m benchmarks.sass_figures);
 #   6. default benchmark suites with --save (BENCH_SUITES: the ones still unmeasured), the
 #      files they wrote under benchmarks/results/ copied into the archive (results/).
@@ -16,7 +17,9 @@
 #   bash scripts/gpu_session.sh     results in gpu_session_results/session/, packed into
 #                                   $OUT/gpu_session.tar.gz (no $OUT: beside the folder)
 #   DEADLINE_S=540          seconds in all (default 540); each step runs under the time left
-#   AB_QUESTIONS=a,b        questions of the sweep (default: all, benchmarks/cuda_ab/variants.py)
+#   AB_QUESTIONS=a,b        questions of the sweep ("all": every one of
+#                           benchmarks/cuda_ab/variants.py; default none: their build beside
+#                           the tests cut the tests at 240 s on the H200)
 #   AB_ARGS="--n 4096,16384 --rounds 5"   more options for the sweep
 #   BENCH_SUITES=layer_norm   the suites saved (empty: none)
 #   SOURCE_COMMIT, SOURCE_TREE   stamp results with that commit when the files make that tree
@@ -25,9 +28,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh session
-# What fits after the tests and the sweep by `python -m benchmarks --plan` (about 165 of the
-# ~165 s left); a suite the deadline cuts saves nothing. The others: a second call.
-BENCH_SUITES=${BENCH_SUITES-rms_norm,add_layer_norm}
+# What fits after the build and the tests by `python -m benchmarks --plan`; a suite the
+# deadline cuts saves nothing. The others: a second call (docs/gpu_runs/README.md).
+BENCH_SUITES=${BENCH_SUITES-rms_norm}
+AB_QUESTIONS=${AB_QUESTIONS-}
+[[ $AB_QUESTIONS == all ]] && AB_QUESTIONS=$("$PYTHON" -c \
+  "from benchmarks.cuda_ab.variants import QUESTIONS; print(','.join(QUESTIONS))")
 
 log "start; commit ${FUSEDNORM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 
@@ -37,20 +43,23 @@ step build "$t" env DEADLINE_S="$t" PHASES=build bash scripts/gpu_check.sh "$DIR
   { log "build failed: stopping"; exit 1; }
 
 # 2 + 3. The variants compile (a job per source, at most 8 a variant) while the tests run.
-timeout "$(left)" "$PYTHON" -m benchmarks.cuda_ab build --jobs 8 ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} \
-  > "$DIR/cuda_ab_build.log" 2>&1 &
-ab_build=$!
-# The tests get at most 4 minutes, leaving the sweep and the suites theirs.
+if [[ -n $AB_QUESTIONS ]]; then
+  timeout "$(left)" "$PYTHON" -m benchmarks.cuda_ab build --jobs 8 --questions "$AB_QUESTIONS" \
+    > "$DIR/cuda_ab_build.log" 2>&1 &
+  ab_build=$!
+fi
+# The tests get at most 4 minutes, leaving the rest theirs.
 t=$(( $(left) < 240 ? $(left) : 240 ))
-step tests "$t" env DEADLINE_S="$t" PHASES=tests PYTEST_WORKERS=8 \
+step tests "$t" env DEADLINE_S="$t" PHASES=tests PYTEST_WORKERS=${PYTEST_WORKERS:-14} \
   PYTEST_K="${PYTEST_K:-cuda or sass}" bash scripts/gpu_check.sh "$DIR/check_tests"
-wait $ab_build
-log "cuda_ab build: exit $? ($(tail -n 1 "$DIR/cuda_ab_build.log"))"
-
-# 4. The sweep (builds nothing when step 2 finished).
-# shellcheck disable=SC2086  # AB_ARGS is a list of options
-step cuda_ab "$(left)" "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
-  ${AB_QUESTIONS:+--questions "$AB_QUESTIONS"} ${AB_ARGS:-}
+if [[ -n $AB_QUESTIONS ]]; then
+  wait $ab_build
+  log "cuda_ab build: exit $? ($(tail -n 1 "$DIR/cuda_ab_build.log"))"
+  # 4. The sweep (builds nothing when step 2 finished).
+  # shellcheck disable=SC2086  # AB_ARGS is a list of options
+  step cuda_ab "$(left)" "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
+    --questions "$AB_QUESTIONS" ${AB_ARGS:-}
+fi
 
 # 5. The static figures of this build (cuobjdump; seconds).
 step sass_figures "$(left)" "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sass"

@@ -532,14 +532,15 @@ def test_emulated_backward_input_grad_float32_sum(harness, t, p, variant):
 @pytest.fixture(scope="module")
 def row_state_harness(tmp_path_factory):
     """The harness built on a copy of csrc/ with norm_config.cuh's kBwdSharedSums and
-    kBwdNextRow on (off in the production tree): the edits the CUDA A/B tool times as
-    bwd_in_flight's `next_row`, so that what a GPU times is what passed here."""
+    kBwdNextRow on for every one-row backward kernel (production: float's clustered rows
+    only), the tree the CUDA A/B tool's add_bwd_long_rows variants start from, so that what a
+    GPU times is what passed here."""
     sys.path.insert(0, REPO)
-    from benchmarks.cuda_ab.variants import QUESTIONS, apply_edits
+    from benchmarks.cuda_ab.variants import BWD_ROW_STATE_EVERYWHERE, apply_edits
 
     csrc = tmp_path_factory.mktemp("row_state") / "csrc"
     shutil.copytree(os.path.join(REPO, "csrc"), csrc)
-    edits = QUESTIONS["bwd_in_flight"].variants["next_row"]
+    edits = BWD_ROW_STATE_EVERYWHERE
     files = {e.path: (csrc / e.path).read_text() for e in edits}
     for path, text in apply_edits(files, edits).items():
         assert text != files[path]

@@ -9,7 +9,8 @@ a sweep of N and dtypes, in one process: one device call answers several questio
                                      [--rounds 7] [--out DIR]
 
 `run` builds what is missing, then prints and writes DIR/cuda_ab.json (stamped as the
-suites' files: benchmarks/stamp.py) and DIR/cuda_ab.md: per question, each provider's % of
+suites' files: benchmarks/stamp.py) and DIR/cuda_ab.md, rewritten after each case (a sweep
+cut short keeps what it timed): per question, each provider's % of
 copy and its speed over base (x_base > 1: faster); a variant whose output is off the float64
 reference beyond twice base's error is marked "!" (and "ok": false in the JSON).
 """
@@ -81,24 +82,6 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks.cuda_ab run needs a CUDA GPU (build does not)")
     modules = {v: build.import_built(v, args.workdir) for v in plan}
-    resources = build.kernel_resources(modules)
-    for v, kernels in resources.items():
-        spills = [k for k in kernels if k["spills"]]
-        print(f"{v}: {len(kernels)} row kernels, registers up to "
-              f"{max((k['registers'] for k in kernels), default=0)}, spilling: "
-              f"{', '.join(k['kernel'] for k in spills) or 'none'}", flush=True)
-    rows, start = [], time.monotonic()
-    for case in sweep.cases(questions, args.n, args.elements, args.tags):
-        q = QUESTIONS[case.question]
-        mine = {sweep.BASE: modules[sweep.BASE]}
-        mine.update({sweep.variant_id(q.name, v): modules[sweep.variant_id(q.name, v)]
-                     for v in q.variants})
-        case_rows = sweep.run_case(case, mine, args.rounds)
-        rows += case_rows
-        line = ", ".join(f"{r['provider'].split('__')[-1]} {r['pct_of_copy']:.1f}%"
-                         f"{'' if r['ok'] else ' (off the reference!)'}" for r in case_rows)
-        print(f"[{time.monotonic() - start:6.1f} s] {case.question} {case.unit.kind} "
-              f"{case.unit.label} {case.unit.tag} {case.M}x{case.N}: {line}", flush=True)
     result = header("cuda_ab", torch.device("cuda"))
     result["definition"] = ("pct_of_copy: a copy_ of the pass's least bytes (fwd: x in, y "
                             "out; bwd: dy and x (and grad_sum) in, dx out) over the "
@@ -107,17 +90,41 @@ def main(argv: list[str] | None = None) -> None:
                             f"{args.rounds} rounds in turns")
     result["questions"] = {q.name: {"why": q.why, "variants": {
         v: [vars(e) for e in edits] for v, edits in q.variants.items()}} for q in questions}
-    result["kernels"] = resources
-    result["rows"] = rows
+    result["rows"] = []
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cuda_ab.json").write_text(json.dumps(result, indent=1) + "\n")
-    table = sweep.markdown(rows)
-    (args.out / "cuda_ab.md").write_text(
-        f"# CUDA A/B: {result['device']}, commit {result['commit']}, {result['date']}\n\n"
-        + table)
-    print(table)
-    sys.stdout.flush()
 
+    def write() -> str:
+        """The files as they stand: rewritten after each case, so that a sweep cut short
+        (a device call's deadline) leaves the rows it timed."""
+        (args.out / "cuda_ab.json").write_text(json.dumps(result, indent=1) + "\n")
+        table = sweep.markdown(result["rows"])
+        (args.out / "cuda_ab.md").write_text(
+            f"# CUDA A/B: {result['device']}, commit {result['commit']}, {result['date']}\n\n"
+            + table)
+        return table
+
+    start = time.monotonic()
+    for case in sweep.cases(questions, args.n, args.elements, args.tags):
+        q = QUESTIONS[case.question]
+        mine = {sweep.BASE: modules[sweep.BASE]}
+        mine.update({sweep.variant_id(q.name, v): modules[sweep.variant_id(q.name, v)]
+                     for v in q.variants})
+        case_rows = sweep.run_case(case, mine, args.rounds)
+        result["rows"] += case_rows
+        write()
+        line = ", ".join(f"{r['provider'].split('__')[-1]} {r['pct_of_copy']:.1f}%"
+                         f"{'' if r['ok'] else ' (off the reference!)'}" for r in case_rows)
+        print(f"[{time.monotonic() - start:6.1f} s] {case.question} {case.unit.kind} "
+              f"{case.unit.label} {case.unit.tag} {case.M}x{case.N}: {line}", flush=True)
+    # Registers and spills (cuobjdump, seconds a module): after the timings, which matter more.
+    result["kernels"] = build.kernel_resources(modules)
+    for v, kernels in result["kernels"].items():
+        spills = [k for k in kernels if k["spills"]]
+        print(f"{v}: {len(kernels)} row kernels, registers up to "
+              f"{max((k['registers'] for k in kernels), default=0)}, spilling: "
+              f"{', '.join(k['kernel'] for k in spills) or 'none'}", flush=True)
+    print(write())
+    sys.stdout.flush()
 
 if __name__ == "__main__":
     main()

@@ -72,67 +72,19 @@ def _bwd_table(buckets: str) -> Edit:
                 "struct BwdVecBucketList {\n  static constexpr Bucket kList[] = " + buckets + ";")
 
 
-KERNELS = "cuda/norm_kernels.cuh"
-
-
-def _fwd_grid(blocks: str) -> Edit:
-    """The forward launcher's grid.x (rows_grid's one wave of resident blocks) replaced by
-    `blocks`, an expression of that grid and row_groups (a block per group of rows)."""
-    return Edit(KERNELS, "const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);",
-                "dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);\n"
-                "    const int64_t row_groups = std::max<int64_t>(\n"
-                "        1, std::min<int64_t>(ceil_div(p.M, RowLayout<kTpr>::kRows), INT_MAX));\n"
-                f"    grid.x = static_cast<unsigned>({blocks});")
-
-
-_FWD_ROW_LOOP = ("    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {\n"
-                 "      const int64_t row = g * Layout::kRows + slot;\n"
-                 "      const bool row_ok = row < p.M;\n"
-                 "      const int64_t row_start = row_ok ? row * p.N : 0;\n")
-
-# The forward reads the x packs of a block's next row before the current row's reductions
-# (software pipelining across the row loop), in the buckets of up to 4 packs a thread (those of
-# 8 spilled with it even at 128 registers), with the 768-thread bound (80 registers: at 64 the
-# 4-pack buckets spilled 20 bytes).
-_FWD_PREFETCH_768 = (
-    Edit(KERNELS, _FWD_ROW_LOOP,
-         "    constexpr bool kAhead = ITEMS <= 4;\n"
-         "    Pack<IO, VEC> ahead[kAhead ? ITEMS : 1];  // x of this block's next row\n"
-         "    const auto fetch = [&](int64_t g2) {\n"
-         "      const int64_t row2 = g2 * Layout::kRows + slot;\n"
-         "      if constexpr (kAhead) {\n"
-         "        if (g2 < groups && row2 < p.M) {\n"
-         "          const int64_t first2 = row2 * p.N + col0 + int64_t(tid) * VEC;\n"
-         "          for (int i = 0; i < ITEMS; ++i) {\n"
-         "            if ((i * TPR + tid) * VEC < len) {\n"
-         "              ahead[i] = load_pack<VEC>(p.x + first2 + int64_t(i) * TPR * VEC);\n"
-         "            }\n"
-         "          }\n"
-         "        }\n"
-         "      }\n"
-         "    };\n"
-         "    fetch(blockIdx.x);\n" + _FWD_ROW_LOOP),
-    Edit(KERNELS, "xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));",
-         "xs[i] = pack_as<T>([&] {\n"
-         "            if constexpr (kAhead) {\n"
-         "              return ahead[i];\n"
-         "            } else {\n"
-         "              return load_pack<VEC>(p.x + first + i * kStride);\n"
-         "            }\n"
-         "          }());"),
-    Edit(KERNELS, "      acc_t shift = 0;\n", "      fetch(g + gridDim.x);\n      acc_t shift = 0;\n"),
-    Edit(CONFIG, "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 1024)",
-         "(sizeof(T) == 8 || (sizeof(P) > sizeof(T) && ITEMS >= 8) ? 512 : 768)"),
-)
-
-
 # The backward's row-to-row state where a block holds one row (TPR >= 128) of 16-byte packs:
-# norm_config.cuh's two knobs, off in the production tree. (The one-element kernels, at 64
-# registers, spilled 24 bytes with the next row's loads.)
-_BWD_SHARED_SUMS = Edit(CONFIG, "constexpr bool kBwdSharedSums = false;",
-                        "constexpr bool kBwdSharedSums = RowLayout<TPR>::kRows == 1 && VEC > 1;")
-_BWD_NEXT_ROW = Edit(CONFIG, "constexpr bool kBwdNextRow = false;",
-                     "constexpr bool kBwdNextRow = RowLayout<TPR>::kRows == 1 && VEC > 1;")
+# norm_config.cuh's two knobs (the column sums in shared memory; with them the next row
+# loaded ahead), on in production for float's clustered rows only. BWD_ROW_STATE_EVERYWHERE
+# turns both on for every one-row kernel (the emulation checks that tree too); the
+# _BWD_NEXT_ROW_AS_IS edit keeps the next row's loads where production has them. (The
+# one-element kernels, at 64 registers, spilled 24 bytes with the next row's loads.)
+_BWD_KNOB_RULE = "sizeof(T) == 4 && CLUSTER && VEC > 1 && RowLayout<TPR>::kRows == 1;"
+BWD_ROW_STATE_EVERYWHERE = (
+    Edit(CONFIG, "constexpr bool kBwdSharedSums =\n    " + _BWD_KNOB_RULE,
+         "constexpr bool kBwdSharedSums =\n    VEC > 1 && RowLayout<TPR>::kRows == 1;"),)
+_BWD_NEXT_ROW_AS_IS = Edit(
+    CONFIG, "constexpr bool kBwdNextRow = kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>;",
+    "constexpr bool kBwdNextRow = " + _BWD_KNOB_RULE)
 
 # 16-bit LayerNorm with a grad_sum (add_layer_norm's backward): one-row blocks of 4 packs
 # (rows to 16384 halves unchunked), the grad_sum beside them where the sums left registers.
@@ -184,59 +136,6 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
                 "                     (sizeof(T) == 4 && RowLayout<TPR>::kBlock == 128) ? 512 : 1024)"),),
         }),
     Question(
-        "fwd_ceiling",
-        "H200: the 16-bit forwards stop at 80-84% of copy at N = 1024-16384, LayerNorm's "
-        "(2026-11-27, 46ed965) and RMSNorm's alike (781b7f6), though RMSNorm's kernels "
-        "issue about a quarter fewer SASS instructions per element; torch.compile reaches "
-        "93-99% at N = 8192-16384, and the add ops' forwards (two input streams) up to 94%. "
-        "Is it the bytes in flight (a block loads a row, then reduces and writes it with no "
-        "load outstanding), the one-wave grid (blocks in step), or the caching of x and y "
-        "(each touched once)?",
-        _units(["layer_norm", "rms_norm"], ["fwd"], ["bf16"]) + _units(["layer_norm"], ["fwd"], ["f32"]),
-        {
-            # Four times the resident blocks: the hardware hands rows out as blocks finish.
-            "grid_x4": (_fwd_grid("std::min<int64_t>(int64_t(grid.x) * 4, row_groups)"),),
-            # A block per row group: no loop over rows.
-            "grid_all_rows": (_fwd_grid("row_groups"),),
-            # The next row's x loaded before this row's reductions (more bytes in flight).
-            "prefetch_768": _FWD_PREFETCH_768,
-            # x read and y (and the sum) written with the evict-first (streaming) hint.
-            "stream_hints": (
-                Edit("cuda/device_utils.cuh", '"st.global.v4.b32 [%0]',
-                     '"st.global.cs.v4.b32 [%0]'),
-                Edit("cuda/device_utils.cuh",
-                     "// Whether p may be read by 16-byte accesses",
-                     "template <int VEC, typename T>\n"
-                     "__device__ __forceinline__ Pack<T, VEC> load_pack_cs(const T* p) {\n"
-                     "#ifndef FUSEDNORM_EMULATION\n"
-                     "  if constexpr (sizeof(Pack<T, VEC>) == 16) {\n"
-                     "    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));\n"
-                     "    Pack<T, VEC> out;\n"
-                     "    memcpy(&out, &w, sizeof(w));\n"
-                     "    return out;\n"
-                     "  }\n"
-                     "#endif\n"
-                     "  return load_pack<VEC>(p);\n"
-                     "}\n\n"
-                     "// Whether p may be read by 16-byte accesses"),
-                Edit(KERNELS, "xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));",
-                     "xs[i] = pack_as<T>(load_pack_cs<VEC>(p.x + first + i * kStride));"),
-            ),
-        }),
-    Question(
-        "bwd_in_flight",
-        "H200, 2026-11-27 (46ed965): the backward reaches 68-91% of copy up to N = 8192 but "
-        "62-73% at 12288-16384 with the 512 x 4 bucket (a lone block of 512 threads per "
-        "multiprocessor: 128 registers, half of them the dweight/dbias column sums) and "
-        "43-62% beyond. A block loads a row, then reduces, computes and writes it with no "
-        "load outstanding. Do the column sums in shared memory (registers freed), and with "
-        "them the next row's x and dy loaded before this row's reductions, close the gap?",
-        _units(["layer_norm", "rms_norm"], ["bwd"], ["bf16"]) + _units(["layer_norm"], ["bwd"], ["f32"]),
-        {
-            "shared_sums": (_BWD_SHARED_SUMS,),
-            "next_row": (_BWD_SHARED_SUMS, _BWD_NEXT_ROW),
-        }),
-    Question(
         "add_bwd_long_rows",
         "H200 (17cf9a2 file): add_layer_norm's bf16 backward at 36-49% of copy for N = "
         "16384-65536. 16-bit LayerNorm with a grad_sum takes buckets of at most 2 packs "
@@ -244,12 +143,13 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
         "128 registers), so its rows over 8192 halves are cut into 2-8 chunks (clusters). With "
         "the column sums in shared memory, does a 512 x 4 bucket (rows to 16384 halves whole, "
         "half the chunks beyond) fit and win, with or without the next row loaded ahead? "
-        "(RMSNorm, whose table has 512 x 4 already, for the knobs alone.)",
+        "(RMSNorm, whose table has 512 x 4 already, for the knobs alone. Without a grad_sum "
+        "the knobs cost 16-bit rows 5-15% at N >= 4096: bwd_in_flight, H200 2026-11-27.)",
         (Unit("layer_norm", "bwd", "bf16", grad_sum=True),
          Unit("rms_norm", "bwd", "bf16", grad_sum=True)),
         {
-            "shared_sums_4": (_BWD_SHARED_SUMS,) + _GRAD_SUM_4_PACKS,
-            "next_row_4": (_BWD_SHARED_SUMS, _BWD_NEXT_ROW) + _GRAD_SUM_4_PACKS,
+            "shared_sums_4": BWD_ROW_STATE_EVERYWHERE + (_BWD_NEXT_ROW_AS_IS,) + _GRAD_SUM_4_PACKS,
+            "next_row_4": BWD_ROW_STATE_EVERYWHERE + _GRAD_SUM_4_PACKS,
         }),
 )}
 

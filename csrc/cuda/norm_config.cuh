@@ -213,13 +213,15 @@ constexpr bool kBwdGradSum = bwd_adds_grad_sum(CENTERED, sizeof(T), VEC, TPR, IT
 // Where a backward kernel of one row per block (TPR >= 128) holds what it carries from row
 // to row: its columns' dweight/dbias sums in shared memory instead of registers
 // (kBwdSharedSums), and the block's next row (x, dy, mean, rstd) loaded before the current
-// row's reductions (kBwdNextRow: bytes in flight while a lone block of 512 threads reduces
-// and writes; it takes the registers the sums free). Both off until a GPU times them:
-// benchmarks/cuda_ab's question bwd_in_flight turns them on; the emulation runs them on.
-template <typename T, int VEC, int TPR, int ITEMS>
-constexpr bool kBwdSharedSums = false;
-template <typename T, int VEC, int TPR, int ITEMS>
-constexpr bool kBwdNextRow = false;
+// row's reductions (kBwdNextRow: bytes in flight while a lone block reduces and writes; it
+// takes the registers the sums free). Both on for float's chunked rows in clusters only
+// (N > 8192): there they gain, and 16-bit rows and whole float rows lose (the backward's
+// A/B on the H200, docs/gpu_runs/README.md). The emulation runs them on in every path.
+template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
+constexpr bool kBwdSharedSums =
+    sizeof(T) == 4 && CLUSTER && VEC > 1 && RowLayout<TPR>::kRows == 1;
+template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
+constexpr bool kBwdNextRow = kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>;
 
 }  // namespace
 }  // namespace fusednorm::cuda

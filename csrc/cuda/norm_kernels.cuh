@@ -910,9 +910,9 @@ struct SharedColumnSums {
 };
 
 // Bytes of dynamic shared memory a backward kernel takes (its SharedColumnSums, or none).
-template <typename T, int VEC, int TPR, int ITEMS, bool CENTERED>
+template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER, bool CENTERED>
 constexpr int kBwdSharedBytes =
-    kBwdSharedSums<T, VEC, TPR, ITEMS>
+    kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>
         ? SharedColumnSums<acc_type_t<T>, VEC, TPR, ITEMS, CENTERED>::kWords *
               int(sizeof(acc_type_t<T>))
         : 0;
@@ -934,8 +934,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
   // Slot s > 0's dweight/dbias sums for slot 0, laid out [s - 1][2 * VEC][TPR] (consecutive
   // threads, consecutive words); one word when the block holds a single row.
   __shared__ acc_t combine[Layout::kRows > 1 ? (Layout::kRows - 1) * 2 * VEC * TPR : 1];
-  constexpr bool kSharedSums = kBwdSharedSums<T, VEC, TPR, ITEMS>;
-  constexpr bool kNextRow = kBwdNextRow<T, VEC, TPR, ITEMS>;
+  constexpr bool kSharedSums = kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>;
+  constexpr bool kNextRow = kBwdNextRow<T, VEC, TPR, ITEMS, CLUSTER>;
   static_assert(!(kSharedSums || kNextRow) || Layout::kRows == 1,
                 "the sums in shared memory and the next row's loads: one row per block");
   using Sums = SharedColumnSums<acc_t, VEC, TPR, ITEMS, CENTERED>;
@@ -1363,6 +1363,15 @@ dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>*
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
+// The grid of a forward row kernel over whole rows: a block per row group rather than one
+// wave of blocks looping over them. Blocks that start as others finish keep loads in flight
+// while the others reduce (the forward kernels' A/B on the H200, docs/gpu_runs/README.md).
+template <int TPR, typename Params>
+dim3 all_rows_grid(const Params& p) {
+  return dim3(static_cast<unsigned>(
+      std::clamp<int64_t>(ceil_div(p.M, RowLayout<TPR>::kRows), 1, INT_MAX)));
+}
+
 // smem: bytes of dynamic shared memory; extra: the arguments after p (the dropout kernels'
 // DropoutParams).
 template <int TPR, typename Kernel, typename Params, typename... Extra>
@@ -1452,7 +1461,10 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     constexpr int kItems = decltype(items)::value;
     constexpr auto kernel = fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, DROPOUT>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
-    const dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy);
+    // Whole rows: a block per row group; chunked rows: one wave (rows_grid), which sizes
+    // their partial and cluster launches.
+    const dim3 grid = split.chunks == 1 ? all_rows_grid<kTpr>(p)
+                                        : rows_grid<kTpr>(kernel, p, dev, occupancy);
     const auto launch = [&] {
       with_extra([&](const auto&... extra) {
         launch_rows<kTpr>(kernel, p, grid, 0, stream, extra...);
@@ -1527,7 +1539,7 @@ int bwd_resident_clusters(const BwdParams<T, P, IO>& p, dim3 grid, DeviceInfo de
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
   static std::atomic<bool> smem_allowed[kMaxCachedDevices];
   constexpr auto kernel = bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, INPUT_GRAD>();
-  constexpr int kSmem = kBwdSharedBytes<T, VEC, TPR, ITEMS, CENTERED>;
+  constexpr int kSmem = kBwdSharedBytes<T, VEC, TPR, ITEMS, true, CENTERED>;
   if (grid.y != p.chunks) return 0;
   allow_dynamic_shared(kernel, kSmem, dev, smem_allowed);
   return resident_clusters(kernel, RowLayout<TPR>::kBlock, int(p.chunks), kSmem, dev.index,
@@ -1541,7 +1553,7 @@ void launch_bwd_cluster(const BwdParams<T, P, IO>& p, dim3 grid, cudaStream_t st
                         const Extra&... extra) {
   launch_cluster_kernel(bwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, INPUT_GRAD>(), grid,
                         RowLayout<TPR>::kBlock, dim3(1, grid.y, 1),
-                        kBwdSharedBytes<T, VEC, TPR, ITEMS, CENTERED>, stream, p, extra...);
+                        kBwdSharedBytes<T, VEC, TPR, ITEMS, true, CENTERED>, stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1589,7 +1601,7 @@ void run_bwd(const NormBwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     constexpr auto kernel = bwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, INPUT_GRAD>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
     static std::atomic<bool> smem_allowed[kMaxCachedDevices];
-    constexpr int kSmem = kBwdSharedBytes<T, VEC, kTpr, kItems, CENTERED>;
+    constexpr int kSmem = kBwdSharedBytes<T, VEC, kTpr, kItems, false, CENTERED>;
     allow_dynamic_shared(kernel, kSmem, dev, smem_allowed);
     dim3 grid = rows_grid<kTpr>(kernel, p, dev, occupancy, kSmem);
     const auto launch = [&] {
