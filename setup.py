@@ -243,7 +243,10 @@ def make_extension():
     # and contraction elsewhere breaks exact cancellations (dx of a one-element row is 0).
     omp_compile, omp_link = _openmp_flags()
     cxx = (
-        opt + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"]
+        # -g0 undoes the -g of Python's own CFLAGS: debug info made the CPU kernels' files
+        # compile a third slower, the longest step of a GPU machine's build (perf-notes).
+        opt + ([] if debug else ["-g0"])
+        + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"]
         + omp_compile + _cpu_flags(capability)
     )
     sources = (

@@ -47,6 +47,10 @@ class FusedLayerNorm(_ZeroCenteredWeight, nn.LayerNorm):
     as Gemma-style checkpoints store it.
     """
 
+    # Under torch.jit.script, forward calls the op itself (torch.ops.fusednorm), reading
+    # these as constants.
+    __constants__ = nn.LayerNorm.__constants__ + ["zero_centered_weight"]
+
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None, dtype=None, *,
                  zero_centered_weight: bool = False) -> None:
@@ -54,6 +58,14 @@ class FusedLayerNorm(_ZeroCenteredWeight, nn.LayerNorm):
         self._set_zero_centered_weight(zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return torch.ops.fusednorm.layer_norm(input, self.normalized_shape, self.weight,
+                                                  self.bias, self.eps,
+                                                  self.zero_centered_weight)[0]
+        return self._eager_forward(input)
+
+    @torch.jit.unused
+    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias,
                                      self.eps, zero_centered_weight=self.zero_centered_weight)
 
@@ -64,6 +76,8 @@ class FusedRMSNorm(_ZeroCenteredWeight, nn.RMSNorm):
     its own (so replace_norms() can swap the class of an existing module in place);
     keyword-only `zero_centered_weight` as FusedLayerNorm's."""
 
+    __constants__ = nn.RMSNorm.__constants__ + ["zero_centered_weight"]  # as FusedLayerNorm's
+
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
                  zero_centered_weight: bool = False) -> None:
@@ -71,6 +85,13 @@ class FusedRMSNorm(_ZeroCenteredWeight, nn.RMSNorm):
         self._set_zero_centered_weight(zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return torch.ops.fusednorm.rms_norm(input, self.normalized_shape, self.weight,
+                                                self.eps, self.zero_centered_weight)[0]
+        return self._eager_forward(input)
+
+    @torch.jit.unused
+    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps,
                                    zero_centered_weight=self.zero_centered_weight)
 
@@ -112,6 +133,8 @@ class FusedAddLayerNorm(_AddNorm, FusedLayerNorm):
     residual_dtype=torch.float32 (the residual stream kept in float32). forward returns
     (normalized output, s)."""
 
+    __constants__ = FusedLayerNorm.__constants__ + ["dropout_p", "residual_dtype"]
+
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None, dtype=None, *, dropout_p: float = 0.0,
                  residual_dtype: torch.dtype | None = None,
@@ -122,6 +145,17 @@ class FusedAddLayerNorm(_AddNorm, FusedLayerNorm):
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor,
                 rowscale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.jit.is_scripting():
+            out = torch.ops.fusednorm.add_layer_norm(
+                input, residual, self.normalized_shape, self.weight, self.bias, self.eps,
+                self.zero_centered_weight, self.residual_dtype,
+                self.dropout_p if self.training else 0.0, rowscale)
+            return out[0], out[1]
+        return self._eager_add_forward(input, residual, rowscale)
+
+    @torch.jit.unused
+    def _eager_add_forward(self, input: torch.Tensor, residual: torch.Tensor,
+                           rowscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return functional.add_layer_norm(input, residual, self.normalized_shape, self.weight,
                                          self.bias, self.eps, **self._add_keywords(rowscale))
 
@@ -129,6 +163,8 @@ class FusedAddLayerNorm(_AddNorm, FusedLayerNorm):
 class FusedAddRMSNorm(_AddNorm, FusedRMSNorm):
     """FusedAddLayerNorm's counterpart for RMSNorm (fusednorm.add_rms_norm); parameters and
     state_dict keys are nn.RMSNorm's."""
+
+    __constants__ = FusedRMSNorm.__constants__ + ["dropout_p", "residual_dtype"]
 
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
@@ -140,6 +176,17 @@ class FusedAddRMSNorm(_AddNorm, FusedRMSNorm):
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor,
                 rowscale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.jit.is_scripting():
+            out = torch.ops.fusednorm.add_rms_norm(
+                input, residual, self.normalized_shape, self.weight, self.eps,
+                self.zero_centered_weight, self.residual_dtype,
+                self.dropout_p if self.training else 0.0, rowscale)
+            return out[0], out[1]
+        return self._eager_add_forward(input, residual, rowscale)
+
+    @torch.jit.unused
+    def _eager_add_forward(self, input: torch.Tensor, residual: torch.Tensor,
+                           rowscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return functional.add_rms_norm(input, residual, self.normalized_shape, self.weight,
                                        self.eps, **self._add_keywords(rowscale))
 
@@ -245,7 +292,28 @@ class FusedGeluFFN(nn.Module):
         super().__init__()
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
+    # torch.jit.script: whether forward calls the fused op or fc1 and fc2, decided as the
+    # module is scripted (__prepare_scriptable__), as eager forward decides at each call.
+    _script_fuses: bool = False
+    __constants__ = ["approximate", "_script_fuses"]
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        w = (self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+        self._script_fuses = _fuses(self, (self.fc1, nn.Linear), (self.fc2, nn.Linear)) \
+            and _op_takes(*w)
+        return self
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            if self._script_fuses:
+                return torch.ops.fusednorm.gelu_ffn(input, self.fc1.weight, self.fc1.bias,
+                                                    self.fc2.weight, self.fc2.bias,
+                                                    self.approximate)[0]
+            return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
+        return self._eager_forward(input)
+
+    @torch.jit.unused
+    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         fc1, fc2 = self.fc1, self.fc2
         if _fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)):
             w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
@@ -286,7 +354,29 @@ class FusedLayerNormGeluFFN(nn.Module):
         self.norm = FusedLayerNorm(d_model, eps=eps, device=device, dtype=dtype)
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
+    _script_fuses: bool = False  # as FusedGeluFFN's
+    __constants__ = ["approximate", "_script_fuses"]
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        norm, fc1, fc2 = self.norm, self.fc1, self.fc2
+        self._script_fuses = _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear),
+                                    (fc2, nn.Linear)) \
+            and not norm.zero_centered_weight and _op_takes(fc1.weight, fc1.bias, fc2.weight,
+                                                            fc2.bias)
+        return self
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            if self._script_fuses:
+                return torch.ops.fusednorm.layer_norm_gelu_ffn(
+                    input, self.norm.weight, self.norm.bias, self.norm.eps, self.fc1.weight,
+                    self.fc1.bias, self.fc2.weight, self.fc2.bias, self.approximate)[0]
+            return input + self.fc2(nn.functional.gelu(self.fc1(self.norm(input)),
+                                                       approximate=self.approximate))
+        return self._eager_forward(input)
+
+    @torch.jit.unused
+    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         norm, fc1, fc2 = self.norm, self.fc1, self.fc2
         if _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear)) \
                 and not norm.zero_centered_weight:

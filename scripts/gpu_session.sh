@@ -28,9 +28,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh session
-# What fits after the build and the tests by `python -m benchmarks --plan`; a suite the
-# deadline cuts saves nothing. The others: a second call (docs/gpu_runs/README.md).
-BENCH_SUITES=${BENCH_SUITES-rms_norm}
+# The norm suites still to measure, in order: each is saved as it finishes, and the one
+# the deadline cuts saves nothing; the rest go to a second call (docs/gpu_runs/README.md).
+BENCH_SUITES=${BENCH_SUITES-rms_norm,add_layer_norm,layer_norm,add_rms_norm}
 AB_QUESTIONS=${AB_QUESTIONS-}
 [[ $AB_QUESTIONS == all ]] && AB_QUESTIONS=$("$PYTHON" -c \
   "from benchmarks.cuda_ab.variants import QUESTIONS; print(','.join(QUESTIONS))")

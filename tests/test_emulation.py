@@ -357,6 +357,16 @@ def test_emulated_layer_norm_far_from_zero(harness, pass_, t, p):
 
 
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_forward_one_block_per_multiprocessor(harness, t, p):
+    """The forward's launch where a multiprocessor holds one of its blocks (the buckets of
+    1024 threads on a GPU): one wave of blocks, each looping over row groups, rather than a
+    block per row group (fwd_rows_grid), in every path, RMSNorm and the residual too."""
+    lines = cases_for("fwd", t, p) + [line for v in VARIANTS for line in family_cases("fwd", t, p, v)]
+    lines += [line for line, _ in dropout_cases(t, p, "res")]
+    check_all_ok(harness, [line + " lone" for line in lines])
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_emulated_layer_norm_kernels(harness, pass_, t, p):
     lines = cases_for(pass_, t, p)

@@ -182,7 +182,7 @@ void launch_typed(const at::Tensor& input, const std::optional<at::Tensor>& weig
                            });
 }
 
-// norm_fwd: outputs as the CPU entry's (csrc/cpu/norm.cpp): sum is [0] without a residual,
+// norm_fwd: outputs as the CPU entry's (csrc/cpu/norm_fwd.cpp): sum is [0] without a residual,
 // mean is [0] for RMSNorm (centered = false). With no rows nothing is drawn (as on the CPU).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
     const at::Tensor& input, const std::optional<at::Tensor>& residual,

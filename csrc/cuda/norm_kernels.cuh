@@ -1363,13 +1363,20 @@ dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>*
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-// The grid of a forward row kernel over whole rows: a block per row group rather than one
-// wave of blocks looping over them. Blocks that start as others finish keep loads in flight
-// while the others reduce (the forward kernels' A/B on the H200, docs/gpu_runs/README.md).
-template <int TPR, typename Params>
-dim3 all_rows_grid(const Params& p) {
-  return dim3(static_cast<unsigned>(
-      std::clamp<int64_t>(ceil_div(p.M, RowLayout<TPR>::kRows), 1, INT_MAX)));
+// The grid of a forward row kernel (cache: its occupancy): over whole rows, where a
+// multiprocessor holds several of its blocks, a block per row group rather than one wave of
+// blocks looping over the rows, as the wave's blocks load and reduce in step while blocks
+// that start as others finish keep loads in flight; else (chunked rows, whose partial and
+// cluster launches the wave sizes, or a lone block per multiprocessor) the wave. (The
+// forward kernels' A/B on the H200, docs/gpu_runs/README.md.)
+template <int TPR, typename Kernel, typename Params>
+dim3 fwd_rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache) {
+  const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache);
+  const int64_t groups = ceil_div(p.M, RowLayout<TPR>::kRows);
+  if (p.chunks == 1 && per_sm > 1) {
+    return dim3(static_cast<unsigned>(std::clamp<int64_t>(groups, 1, INT_MAX)));
+  }
+  return row_grid(groups, p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
 // smem: bytes of dynamic shared memory; extra: the arguments after p (the dropout kernels'
@@ -1461,10 +1468,7 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     constexpr int kItems = decltype(items)::value;
     constexpr auto kernel = fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, DROPOUT>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
-    // Whole rows: a block per row group; chunked rows: one wave (rows_grid), which sizes
-    // their partial and cluster launches.
-    const dim3 grid = split.chunks == 1 ? all_rows_grid<kTpr>(p)
-                                        : rows_grid<kTpr>(kernel, p, dev, occupancy);
+    const dim3 grid = fwd_rows_grid<kTpr>(kernel, p, dev, occupancy);
     const auto launch = [&] {
       with_extra([&](const auto&... extra) {
         launch_rows<kTpr>(kernel, p, grid, 0, stream, extra...);

@@ -5,13 +5,14 @@
 //
 //   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
 //            [clusters[=K]] [rms] [res | resmis] [outlier] [far] [wide] [narrow]
-//            [drop=P] [rowscale] [captured] [xgrad]
+//            [drop=P] [rowscale] [captured] [xgrad] [lone]
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
 // x and dy / of weight and bias (a misaligned view); order: asc, desc or shuffle (the order
 // the fibers of a block and the blocks run in); sm_count: the multiprocessors the launchers
-// size their grids for (default 2; each is told 2 resident blocks); clusters: let the
+// size their grids for (default 2; each is told 2 resident blocks, lone: 1, as a bucket of
+// 1024 threads, for which the forward loops each block over rows); clusters: let the
 // launchers use thread-block clusters for chunked rows, as on sm_90 (default: not, as
 // before sm_90); clusters=K: the same, with the device holding only K clusters at once
 // (what cudaOccupancyMaxActiveClusters answers; by default as many as its blocks); rms:
@@ -478,6 +479,7 @@ int main() {
     int sms = 2;
     bool clusters = false;
     int resident_clusters = 0;
+    bool lone = false;
     for (std::string extra; parsed && in >> extra;) {
       if (extra == "clusters") {
         clusters = true;
@@ -504,6 +506,8 @@ int main() {
         c.captured = true;
       } else if (extra == "xgrad") {
         c.xgrad = true;
+      } else if (extra == "lone") {
+        lone = true;
       } else if (extra == "resmis") {
         c.residual = true;
         c.r_misalign = -1;  // one element of T, set below
@@ -534,6 +538,7 @@ int main() {
     emu::config().sm_count = sms;
     emu::config().clusters = clusters;
     emu::config().resident_clusters = resident_clusters;
+    emu::config().blocks_per_sm = lone ? 1 : 2;
     if (!parsed || sms < 1 || rms_bias || bad_outlier) {
       std::cout << "FAIL " << line << ": cannot parse" << std::endl;
       ++failed;
