@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.jit import is_scripting as _scripting
 from torch.nn.modules import module as _hooks
 
 from . import functional
@@ -58,14 +59,10 @@ class FusedLayerNorm(_ZeroCenteredWeight, nn.LayerNorm):
         self._set_zero_centered_weight(zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
+        if _scripting():
             return torch.ops.fusednorm.layer_norm(input, self.normalized_shape, self.weight,
                                                   self.bias, self.eps,
                                                   self.zero_centered_weight)[0]
-        return self._eager_forward(input)
-
-    @torch.jit.unused
-    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias,
                                      self.eps, zero_centered_weight=self.zero_centered_weight)
 
@@ -85,13 +82,9 @@ class FusedRMSNorm(_ZeroCenteredWeight, nn.RMSNorm):
         self._set_zero_centered_weight(zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
+        if _scripting():
             return torch.ops.fusednorm.rms_norm(input, self.normalized_shape, self.weight,
                                                 self.eps, self.zero_centered_weight)[0]
-        return self._eager_forward(input)
-
-    @torch.jit.unused
-    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps,
                                    zero_centered_weight=self.zero_centered_weight)
 
@@ -114,11 +107,6 @@ class _AddNorm:
                 f"residual_dtype must be None or torch.float32, got {residual_dtype!r}")
         self.dropout_p = float(dropout_p)
         self.residual_dtype = residual_dtype
-
-    def _add_keywords(self, rowscale) -> dict:
-        return {"zero_centered_weight": self.zero_centered_weight,
-                "residual_dtype": self.residual_dtype,
-                "dropout_p": self.dropout_p if self.training else 0.0, "rowscale": rowscale}
 
     def extra_repr(self) -> str:
         extra = f", dropout_p={self.dropout_p}" if self.dropout_p else ""
@@ -145,19 +133,16 @@ class FusedAddLayerNorm(_AddNorm, FusedLayerNorm):
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor,
                 rowscale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.jit.is_scripting():
+        if _scripting():
             out = torch.ops.fusednorm.add_layer_norm(
                 input, residual, self.normalized_shape, self.weight, self.bias, self.eps,
                 self.zero_centered_weight, self.residual_dtype,
                 self.dropout_p if self.training else 0.0, rowscale)
             return out[0], out[1]
-        return self._eager_add_forward(input, residual, rowscale)
-
-    @torch.jit.unused
-    def _eager_add_forward(self, input: torch.Tensor, residual: torch.Tensor,
-                           rowscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return functional.add_layer_norm(input, residual, self.normalized_shape, self.weight,
-                                         self.bias, self.eps, **self._add_keywords(rowscale))
+        return functional.add_layer_norm(
+            input, residual, self.normalized_shape, self.weight, self.bias, self.eps,
+            zero_centered_weight=self.zero_centered_weight, residual_dtype=self.residual_dtype,
+            dropout_p=self.dropout_p if self.training else 0.0, rowscale=rowscale)
 
 
 class FusedAddRMSNorm(_AddNorm, FusedRMSNorm):
@@ -176,19 +161,16 @@ class FusedAddRMSNorm(_AddNorm, FusedRMSNorm):
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor,
                 rowscale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.jit.is_scripting():
+        if _scripting():
             out = torch.ops.fusednorm.add_rms_norm(
                 input, residual, self.normalized_shape, self.weight, self.eps,
                 self.zero_centered_weight, self.residual_dtype,
                 self.dropout_p if self.training else 0.0, rowscale)
             return out[0], out[1]
-        return self._eager_add_forward(input, residual, rowscale)
-
-    @torch.jit.unused
-    def _eager_add_forward(self, input: torch.Tensor, residual: torch.Tensor,
-                           rowscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return functional.add_rms_norm(input, residual, self.normalized_shape, self.weight,
-                                       self.eps, **self._add_keywords(rowscale))
+        return functional.add_rms_norm(
+            input, residual, self.normalized_shape, self.weight, self.eps,
+            zero_centered_weight=self.zero_centered_weight, residual_dtype=self.residual_dtype,
+            dropout_p=self.dropout_p if self.training else 0.0, rowscale=rowscale)
 
 
 def hf_eps(module: nn.Module) -> float:
@@ -304,16 +286,12 @@ class FusedGeluFFN(nn.Module):
         return self
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
+        if _scripting():
             if self._script_fuses:
                 return torch.ops.fusednorm.gelu_ffn(input, self.fc1.weight, self.fc1.bias,
                                                     self.fc2.weight, self.fc2.bias,
                                                     self.approximate)[0]
             return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
-        return self._eager_forward(input)
-
-    @torch.jit.unused
-    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         fc1, fc2 = self.fc1, self.fc2
         if _fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)):
             w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
@@ -366,17 +344,13 @@ class FusedLayerNormGeluFFN(nn.Module):
         return self
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
+        if _scripting():
             if self._script_fuses:
                 return torch.ops.fusednorm.layer_norm_gelu_ffn(
                     input, self.norm.weight, self.norm.bias, self.norm.eps, self.fc1.weight,
                     self.fc1.bias, self.fc2.weight, self.fc2.bias, self.approximate)[0]
             return input + self.fc2(nn.functional.gelu(self.fc1(self.norm(input)),
                                                        approximate=self.approximate))
-        return self._eager_forward(input)
-
-    @torch.jit.unused
-    def _eager_forward(self, input: torch.Tensor) -> torch.Tensor:
         norm, fc1, fc2 = self.norm, self.fc1, self.fc2
         if _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear)) \
                 and not norm.zero_centered_weight:
