@@ -187,9 +187,20 @@ class FusedHFRMSNorm(nn.Module):
     weight * input, as theirs). Attributes `weight` and `variance_epsilon` (or `eps`), as
     theirs: replace_norms() turns such a module into this class in place."""
 
-    weight: nn.Parameter
+    # weight (a Parameter) and variance_epsilon or eps: those of the class it replaced.
+    # torch.jit.script: the eps of the class it replaced, read as the module is scripted.
+    _script_eps: float = 0.0
+    __constants__ = ["_script_eps"]
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        self._script_eps = float(hf_eps(self))
+        return self
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if _scripting():
+            normed = torch.ops.fusednorm.rms_norm(hidden_states, hidden_states.shape[-1:], None,
+                                                  self._script_eps, False)[0]
+            return self.weight * normed
         normed = functional.rms_norm(hidden_states, hidden_states.shape[-1:], None,
                                      hf_eps(self))
         return self.weight * normed

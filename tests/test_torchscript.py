@@ -128,3 +128,20 @@ def test_scripted_ffn_modules(device, cls, op):
     # The replaced submodule's work is in the result (not the fused op's).
     module.fc1 = plain
     assert not torch.allclose(scripted(x), module(x))
+
+
+@pytest.mark.parametrize("eps_name", ["variance_epsilon", "eps"])
+def test_scripted_hf_rms_norm_keeps_its_eps(eps_name):
+    """FusedHFRMSNorm (Hugging Face's RMSNorm swapped in place) scripts with the eps of the
+    class it replaced, under either of the names those classes give it."""
+    from fusednorm import FusedHFRMSNorm
+
+    module = FusedHFRMSNorm()
+    module.weight = nn.Parameter(random_input((D,), torch.float32, "cpu", seed=3))
+    setattr(module, eps_name, 0.5)  # large: a dropped eps changes the result
+    scripted = torch.jit.script(module)
+    assert "fusednorm::rms_norm" in str(scripted.graph)
+    x = random_input((3, D), torch.float32, "cpu", scale=0.3)
+    _check_same(module, scripted, (x,))
+    setattr(module, eps_name, 1e-6)
+    assert not torch.allclose(module(x), scripted(x))
