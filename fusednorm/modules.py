@@ -187,7 +187,6 @@ class FusedHFRMSNorm(nn.Module):
     weight * input, as theirs). Attributes `weight` and `variance_epsilon` (or `eps`), as
     theirs: replace_norms() turns such a module into this class in place."""
 
-    # weight (a Parameter) and variance_epsilon or eps: those of the class it replaced.
     # torch.jit.script: the eps of the class it replaced, read as the module is scripted.
     _script_eps: float = 0.0
     __constants__ = ["_script_eps"]
