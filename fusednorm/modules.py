@@ -289,10 +289,18 @@ class FusedGeluFFN(nn.Module):
     _script_fuses: bool = False
     __constants__ = ["approximate", "_script_fuses"]
 
+    def _fused_weights(self):
+        """(w1, b1, w2, b2) where the fused op computes what calling fc1 and fc2 would (see
+        _fuses, _op_takes), else None."""
+        fc1, fc2 = self.fc1, self.fc2
+        if _fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)):
+            w = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
+            if _op_takes(*w):
+                return w
+        return None
+
     def __prepare_scriptable__(self) -> nn.Module:
-        w = (self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
-        self._script_fuses = _fuses(self, (self.fc1, nn.Linear), (self.fc2, nn.Linear)) \
-            and _op_takes(*w)
+        self._script_fuses = self._fused_weights() is not None
         return self
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -301,13 +309,12 @@ class FusedGeluFFN(nn.Module):
                 return torch.ops.fusednorm.gelu_ffn(input, self.fc1.weight, self.fc1.bias,
                                                     self.fc2.weight, self.fc2.bias,
                                                     self.approximate)[0]
-            return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
-        fc1, fc2 = self.fc1, self.fc2
-        if _fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)):
-            w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
-            if _op_takes(w1, b1, w2, b2):
+        else:
+            w = self._fused_weights()
+            if w is not None:
+                w1, b1, w2, b2 = w
                 return functional.gelu_ffn(input, w1, b1, w2, b2, self.approximate)
-        return fc2(nn.functional.gelu(fc1(input), approximate=self.approximate))
+        return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
@@ -345,12 +352,19 @@ class FusedLayerNormGeluFFN(nn.Module):
     _script_fuses: bool = False  # as FusedGeluFFN's
     __constants__ = ["approximate", "_script_fuses"]
 
-    def __prepare_scriptable__(self) -> nn.Module:
+    def _fused_weights(self):
+        """(w1, b1, w2, b2) where the fused op computes what calling norm, fc1 and fc2 would
+        (as FusedGeluFFN's; not with a zero-centered norm weight), else None."""
         norm, fc1, fc2 = self.norm, self.fc1, self.fc2
-        self._script_fuses = _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear),
-                                    (fc2, nn.Linear)) \
-            and not norm.zero_centered_weight and _op_takes(fc1.weight, fc1.bias, fc2.weight,
-                                                            fc2.bias)
+        if _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear)) \
+                and not norm.zero_centered_weight:
+            w = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
+            if _op_takes(*w):
+                return w
+        return None
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        self._script_fuses = self._fused_weights() is not None
         return self
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -359,16 +373,14 @@ class FusedLayerNormGeluFFN(nn.Module):
                 return torch.ops.fusednorm.layer_norm_gelu_ffn(
                     input, self.norm.weight, self.norm.bias, self.norm.eps, self.fc1.weight,
                     self.fc1.bias, self.fc2.weight, self.fc2.bias, self.approximate)[0]
-            return input + self.fc2(nn.functional.gelu(self.fc1(self.norm(input)),
-                                                       approximate=self.approximate))
-        norm, fc1, fc2 = self.norm, self.fc1, self.fc2
-        if _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear)) \
-                and not norm.zero_centered_weight:
-            w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
-            if _op_takes(w1, b1, w2, b2):
+        else:
+            w = self._fused_weights()
+            if w is not None:
+                norm, (w1, b1, w2, b2) = self.norm, w
                 return functional.layer_norm_gelu_ffn(
                     input, norm.weight, norm.bias, norm.eps, w1, b1, w2, b2, self.approximate)
-        return input + fc2(nn.functional.gelu(fc1(norm(input)), approximate=self.approximate))
+        return input + self.fc2(nn.functional.gelu(self.fc1(self.norm(input)),
+                                                   approximate=self.approximate))
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
