@@ -19,7 +19,6 @@
 namespace fusednorm::cpu::entry {
 
 using OptTensor = std::optional<at::Tensor>;
-using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 template <typename P>
