@@ -137,11 +137,12 @@ run_tests() {
   local start=$SECONDS code workers=()
   # The whole suite: CUDA cases run on the GPU, the emulation and SASS checks too; on
   # PYTEST_WORKERS processes where pytest-xdist is installed (serially it outlasts a
-  # 10-minute call: 1500 tests took 6 min on 14 workers of an H100 machine).
+  # 10-minute call: 1500 tests took 6 min on 14 workers of an H100 machine). tests.log ends
+  # with the 30 slowest, for planning a lease's minutes.
   if "$PYTHON" -c 'import xdist' 2>/dev/null; then workers=(-n "${PYTEST_WORKERS:-8}"); fi
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of options
   FUSEDNORM_REQUIRE_SASS=1 FUSEDNORM_REQUIRE_EMULATION=1 \
-    limited "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
+    limited "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --durations=30 "${workers[@]}" --continue-on-collection-errors --junitxml="$OUT_DIR/tests.xml" tests \
     ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} > "$OUT_DIR/tests.log" 2>&1
   code=$?
   phase_result tests $code $((SECONDS - start)) \

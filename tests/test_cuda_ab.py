@@ -187,3 +187,26 @@ def test_run_case_on_cpu_stand_ins(kind, pass_, grad_sum):
     assert grad_sum == ("q__nogs" in by) and not by.get("q__nogs", {"ok": False})["ok"]
     assert by[sweep.BASE]["pass"] == ("bwd+grad_sum" if grad_sum else pass_)
     assert all(r["ms"] > 0 and r["pct_of_copy"] > 0 for r in rows)
+
+
+def test_emulate_variant_cuts_chunks_at_the_variant_tables(monkeypatch):
+    """tests/emulate_variant.py's cases follow the tables a variant's harness reports: with
+    16-bit backward rows capped at 8192 (bwd16_long_rows), 8 chunks are rows to 65536, and
+    one pack more takes the three-launch path."""
+    from tests import emulate_variant
+
+    emu = emulate_variant.emu
+    rows = {t: {"fwd_vec": emu.largest_row("fwd", t, True), "fwd_scalar": 8192,
+                "bwd_vec": emu.largest_row("bwd", t, True),
+                "bwd_vec_ln_grad_sum": emu.largest_row("bwd", t, True, ln_grad_sum=True),
+                "bwd_scalar": 4096} for t in emu.SIZE}
+    rows["bf16"].update(bwd_vec=8192, bwd_vec_ln_grad_sum=4096)
+    monkeypatch.setattr(emu, "TABLE_ROWS", rows)
+    _, launched = emulate_variant.pass_cases("bwd", "bf16", "bf16")
+    lengths = {(int(line.split()[4]), clustered) for line, clustered in launched
+               if " clusters" in line and " res" not in line and "xgrad" not in line}
+    assert {(16384, 1), (65536 - 8, 1), (65536 + 8, 0)} <= lengths
+    # LayerNorm with a grad_sum: its own table's rows (4096 halves: 8 chunks to 32768).
+    res = {(int(line.split()[4]), clustered) for line, clustered in launched
+           if line.endswith(" clusters res")}
+    assert {(8192, 1), (32768 - 8, 1), (32768 + 8, 0)} <= res

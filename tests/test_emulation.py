@@ -106,11 +106,31 @@ def run_cases(binary, lines, timeout=600):
     return done.returncode, done.stdout, done.stderr
 
 
+# A variant tree's largest rows (t -> the harness's `largest` answer), set while
+# tests/emulate_variant.py makes its cases; None: production's, below.
+TABLE_ROWS: dict[str, dict[str, int]] | None = None
+
+
+def table_rows(binary, t):
+    """The largest bucket's row length of each table the harness compiled for T = t (and
+    P = t): norm_emulated.cpp's `largest` line as a dict (fwd_vec, fwd_scalar, bwd_vec,
+    bwd_vec_ln_grad_sum, bwd_scalar)."""
+    code, out, err = run_cases(binary, [f"largest {t} {t}"])
+    line = next(line for line in out.splitlines() if line.startswith(("largest ", "FAIL")))
+    assert code == 0 and line.startswith("largest "), f"{line}\n{err[-2000:]}"
+    words = line.split()[3:]
+    return {k: int(v) for k, v in zip(words[::2], words[1::2])}
+
+
 # The largest bucket's row length in elements (chunks are cut beyond it), per pass and
 # path: csrc/cuda/norm_config.cuh's tables (the forward's 8192 packs of 16 bytes or
 # 8192 elements; the backward's 2048 packs, 1024 for 16-bit LayerNorm with a grad_sum, or
 # 4096 elements).
 def largest_row(pass_, t, vectorized, ln_grad_sum=False):
+    if TABLE_ROWS is not None:
+        kind = "vec" if vectorized else "scalar"
+        key = f"{pass_}_{kind}" + ("_ln_grad_sum" if ln_grad_sum and vectorized and pass_ == "bwd" else "")
+        return TABLE_ROWS[t][key]
     vec = 16 // SIZE[t]
     if pass_ == "fwd":
         return 8192 * vec if vectorized else 8192
@@ -137,6 +157,17 @@ def cluster_cases(pass_, t, p, ln_grad_sum=False):
             flag = " clusters" if allow else ""
             cases.append((f"{pass_} {t} {p} 3 {n} {affine} 0 0 {order} 2{flag}", clustered))
     return cases
+
+
+@pytest.mark.parametrize("t", sorted(SIZE))
+def test_emulated_tables_are_the_case_generators(harness, t):
+    """The largest rows the cases are cut from are those of the tables the harness compiled
+    (norm_config.cuh): a table changed without the cases would test other paths than meant."""
+    rows = table_rows(harness, t)
+    assert rows == {"fwd_vec": largest_row("fwd", t, True), "fwd_scalar": largest_row("fwd", t, False),
+                    "bwd_vec": largest_row("bwd", t, True),
+                    "bwd_vec_ln_grad_sum": largest_row("bwd", t, True, ln_grad_sum=True),
+                    "bwd_scalar": largest_row("bwd", t, False)}
 
 
 def rows_for(n):

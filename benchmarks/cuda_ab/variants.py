@@ -96,6 +96,27 @@ _GRAD_SUM_4_PACKS = (
 )
 
 
+# 16-bit backward rows over 8192 elements cut into chunks of 256 x 4 (8192 halves) held by a
+# cluster: blocks of 256 threads at the 512-thread bound, two per multiprocessor, where the
+# whole-row 512 x 4 bucket and the clustered 512 x 4 chunks run one (float32 and float64
+# keep BwdVecBucketList).
+_BWD16_CLUSTERS_OF_256 = Edit(
+    CONFIG, "template <typename T>\nusing BwdVecBuckets = BwdVecBucketList;",
+    "struct BwdVecBuckets16 {\n  static constexpr Bucket kList[] = {{32, 1}, {32, 2}, {32, 4}, "
+    "{64, 4}, {128, 4}, {256, 4}};\n};\ntemplate <typename T>\nusing BwdVecBuckets =\n"
+    "    std::conditional_t<sizeof(T) == 2, BwdVecBuckets16, BwdVecBucketList>;")
+# The row-to-row knobs of float's clustered rows (shared-memory sums, next row ahead) on for
+# 16-bit clustered rows too.
+_BWD16_CLUSTER_ROW_STATE = Edit(
+    CONFIG, "constexpr bool kBwdSharedSums =\n    " + _BWD_KNOB_RULE,
+    "constexpr bool kBwdSharedSums =\n    sizeof(T) <= 4 && CLUSTER && VEC > 1 && "
+    "RowLayout<TPR>::kRows == 1;")
+# 16-bit LayerNorm with a grad_sum: chunks of 256 x 2 (4096 halves), two blocks per
+# multiprocessor (rows to 32768 halves in clusters of up to 8).
+_GRAD_SUM_CLUSTERS_OF_256 = Edit(
+    CONFIG, "{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}};",
+    "{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}};")
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -164,6 +185,24 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
         {
             "shared_sums_4": BWD_ROW_STATE_EVERYWHERE + (_BWD_NEXT_ROW_AS_IS,) + _GRAD_SUM_4_PACKS,
             "next_row_4": BWD_ROW_STATE_EVERYWHERE + _GRAD_SUM_4_PACKS,
+        }),
+    Question(
+        "bwd16_long_rows",
+        "H200, 2026-11-27 (eighth run, bwd_in_flight base): the 16-bit backward reaches "
+        "77-89% of copy to N = 8192 (256 x 4 and smaller: two or more blocks per "
+        "multiprocessor) but 48-68% (LayerNorm) and 53-76% (RMSNorm) at N = 12288-65536, "
+        "where a lone block of 512 x 4 per multiprocessor (whole rows to 16384, clustered "
+        "chunks beyond) loads, reduces and writes a row with nothing else in flight; the "
+        "shared-memory sums and the next row ahead cost those rows 5-15%. Do clusters of "
+        "256 x 4 chunks, two blocks per multiprocessor (2 chunks at 12288-16384, 4 at 32768, "
+        "8 at 65536), overlap one block's reductions with the other's loads? With the knobs "
+        "on too?",
+        _units(["layer_norm", "rms_norm"], ["bwd"], ["bf16"])
+        + (Unit("layer_norm", "bwd", "bf16", grad_sum=True),),
+        {
+            "clusters_of_256": (_BWD16_CLUSTERS_OF_256, _GRAD_SUM_CLUSTERS_OF_256),
+            "clusters_of_256_row_state": (_BWD16_CLUSTERS_OF_256, _GRAD_SUM_CLUSTERS_OF_256,
+                                          _BWD16_CLUSTER_ROW_STATE),
         }),
 )}
 

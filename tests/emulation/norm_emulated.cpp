@@ -6,6 +6,7 @@
 //   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
 //            [clusters[=K]] [rms] [res | resmis] [outlier] [far] [wide] [narrow]
 //            [drop=P] [rowscale] [captured] [xgrad] [lone]
+//   largest  T  P        (prints the tables' largest rows: largest_rows below)
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
 // and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
@@ -463,6 +464,38 @@ std::string dispatch(const Case& c) {
   return "bad dtype pair " + c.t + "/" + c.p;
 }
 
+// "largest T P": the largest bucket's row length in elements of each table the launchers
+// take for T (and P), as compiled: the forward's 16-byte and one-element tables, the
+// backward's 16-byte one, LayerNorm's with a grad_sum, and its one-element one (chunks are
+// cut beyond them).
+template <typename T, typename P>
+std::string largest_rows() {
+  using namespace fusednorm::cuda;
+  constexpr int64_t vec = kVec<T>;
+  const auto largest = [](auto table) {
+    using Table = decltype(table);
+    return bucket_capacity<Table>(kNumBuckets<Table> - 1);
+  };
+  std::ostringstream out;
+  out << "fwd_vec " << vec * largest(FwdVecTable<T, P>{}) << " fwd_scalar "
+      << largest(FwdScalarTable<T>{}) << " bwd_vec " << vec * largest(BwdVecBuckets<T>{})
+      << " bwd_vec_ln_grad_sum " << vec * largest(BwdVecBucketsGradSum<T>{}) << " bwd_scalar "
+      << largest(BwdScalarBuckets{});
+  return out.str();
+}
+
+std::string largest_for(const std::string& t, const std::string& p) {
+  if (t == "f32" && p == "f32") return largest_rows<float, float>();
+#ifndef EMU_ONLY_FLOAT
+  if (t == "f64" && p == "f64") return largest_rows<double, double>();
+  if (t == "f16" && p == "f16") return largest_rows<c10::Half, c10::Half>();
+  if (t == "f16" && p == "f32") return largest_rows<c10::Half, float>();
+  if (t == "bf16" && p == "bf16") return largest_rows<c10::BFloat16, c10::BFloat16>();
+  if (t == "bf16" && p == "f32") return largest_rows<c10::BFloat16, float>();
+#endif
+  return "";
+}
+
 }  // namespace
 
 int main() {
@@ -471,6 +504,17 @@ int main() {
   while (std::getline(std::cin, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream in(line);
+    if (line.rfind("largest ", 0) == 0) {
+      std::istringstream q(line.substr(8));
+      std::string t, p;
+      q >> t >> p;
+      const std::string rows = largest_for(t, p);
+      std::cout << (rows.empty() ? "FAIL " + line + ": bad dtype pair" : "largest " + t + " " + p + " " + rows)
+                << std::endl;
+      failed += rows.empty();
+      ++ran;
+      continue;
+    }
     Case c;
     c.text = line;
     in >> c.pass >> c.t >> c.p >> c.M >> c.N >> c.affine >> c.x_misalign >> c.p_misalign >> c.order;
