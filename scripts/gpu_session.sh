@@ -20,6 +20,9 @@
 #   AB_QUESTIONS=a,b        questions of the sweep ("all": every one of
 #                           benchmarks/cuda_ab/variants.py; default none: their build beside
 #                           the tests cut the tests at 240 s on the H200)
+#   AB_PREBUILT=FILE        a pack of the questions' libraries made without a GPU
+#                           (python -m benchmarks.cuda_ab pack; carried): step 2 then
+#                           compiles only variants whose sources differ from the pack's
 #   AB_ARGS="--n 4096,16384 --rounds 5"   more options for the sweep
 #   BENCH_SUITES=layer_norm   the suites saved (empty: none)
 #   SOURCE_COMMIT, SOURCE_TREE   stamp results with that commit when the files make that tree
@@ -45,7 +48,7 @@ step build "$t" env DEADLINE_S="$t" PHASES=build bash scripts/gpu_check.sh "$DIR
 # 2 + 3. The variants compile (a job per source, at most 8 a variant) while the tests run.
 if [[ -n $AB_QUESTIONS ]]; then
   timeout "$(left)" "$PYTHON" -m benchmarks.cuda_ab build --jobs 8 --questions "$AB_QUESTIONS" \
-    > "$DIR/cuda_ab_build.log" 2>&1 &
+    ${AB_PREBUILT:+--prebuilt "$AB_PREBUILT"} > "$DIR/cuda_ab_build.log" 2>&1 &
   ab_build=$!
 fi
 # The tests get at most 4 minutes, leaving the rest theirs.

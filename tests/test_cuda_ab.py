@@ -1,10 +1,13 @@
 """benchmarks.cuda_ab without a GPU: every prepared variant's edits still apply to csrc/, the
 sweep's cases, turns, ratios and table, and (with nvcc) two variants of one unit compile into
-modules of their own that load side by side and register their entries."""
+libraries of their own that load side by side, register their entries, use nothing of
+torch's, and pack and unpack without compiling again."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,6 +127,30 @@ def test_two_variants_compile_and_load_side_by_side(tmp_path):
     edited = (tmp_path / "lanes_2" / "csrc" / CONFIG).read_text()
     assert "VEC < 2 ? VEC : 2" in edited
     assert "VEC < 4 ? VEC : 4" in (tmp_path / sweep.BASE / "csrc" / CONFIG).read_text()
+
+    # A library calls nothing of torch's (so a pack runs beside another torch): its only
+    # undefined symbols are the C and C++ runtimes' and the CUDA runtime's.
+    for m in modules:
+        undefined = subprocess.run(["nm", "-D", "--undefined-only", m.__file__], check=True,
+                                   capture_output=True, text=True).stdout.split()
+        names = [w for w in undefined if w not in ("U", "w")]
+        foreign = [n for n in names if not re.search(r"@(GLIBC|GLIBCXX|CXXABI|GCC)_|@libcudart|"
+                                                     r"^_ITM_|^__gmon_start__$", n)]
+        assert names and not foreign, foreign
+    # A pack unpacked into another folder is used as built: nothing compiles there.
+    archive = tmp_path / "pack.tar.xz"
+    build.pack(plan, tmp_path, archive)
+    other = tmp_path / "elsewhere"
+    build.unpack(archive, other)
+    build.build_all(plan, other, jobs=2)
+    assert not list(other.rglob("*.o"))
+    assert build.import_built("lanes_2", other).entries() == ["fwd layer_norm Float Float"]
+    # An edit of the tree (a digest that no longer matches) compiles that variant again.
+    stale = {sweep.BASE: plan[sweep.BASE],
+             "lanes_2": ((Edit(CONFIG, "kWelfordLanes = VEC < 4 ? VEC : 4;",
+                               "kWelfordLanes = VEC < 1 ? VEC : 1;"),), unit)}
+    build.build_all(stale, other, jobs=2)
+    assert [p.parent.parent.name for p in other.rglob("*.o")] == ["lanes_2"] * 2
 
     from sass_inspect import find_tool, read_kernels
     from benchmarks.sass_figures import figures

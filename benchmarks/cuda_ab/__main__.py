@@ -5,8 +5,14 @@ a sweep of N and dtypes, in one process: one device call answers several questio
 
     python -m benchmarks.cuda_ab list
     python -m benchmarks.cuda_ab build [--questions a,b]      compile only (no GPU needed)
+    python -m benchmarks.cuda_ab pack [--questions a,b] [--to FILE]
+                                     build, then the libraries in one tar.xz (no GPU needed)
     python -m benchmarks.cuda_ab run [--questions a,b] [--n 1024,4096] [--tags bf16]
-                                     [--rounds 7] [--out DIR]
+                                     [--rounds 7] [--out DIR] [--prebuilt FILE]
+
+The libraries use nothing of torch's at run time, so a pack made on a machine without a GPU
+(TORCH_CUDA_ARCH_LIST naming the GPU's arch, e.g. 9.0a) runs on a GPU machine with another
+torch: `run --prebuilt FILE` unpacks it and compiles only the variants whose sources differ.
 
 `run` builds what is missing, then prints and writes DIR/cuda_ab.json (stamped as the
 suites' files: benchmarks/stamp.py) and DIR/cuda_ab.md, rewritten after each case (a sweep
@@ -39,11 +45,13 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the questions and their variants")
-    for name in ("build", "run"):
+    for name in ("build", "pack", "run"):
         p = sub.add_parser(name)
         p.add_argument("--questions", help="comma list (default: all)")
         p.add_argument("--workdir", type=Path, default=build.DEFAULT_WORKDIR)
         p.add_argument("--jobs", type=int, help="compiler jobs per variant, at most (default: CPU count)")
+        p.add_argument("--prebuilt", type=Path, help="a pack to unpack into --workdir first")
+    sub.choices["pack"].add_argument("--to", type=Path, default=Path("cuda_ab_pack.tar.xz"))
     run = sub.choices["run"]
     run.add_argument("--n", default=",".join(map(str, sweep.DEFAULT_N)),
                      type=lambda s: [int(v) for v in s.split(",")])
@@ -69,9 +77,16 @@ def main(argv: list[str] | None = None) -> None:
 
     questions = _questions(args.questions)
     plan = sweep.build_plan(questions)
+    if args.prebuilt:
+        unpacked = build.unpack(args.prebuilt, args.workdir)
+        print(f"unpacked {len(unpacked)} files of {args.prebuilt} into {args.workdir}", flush=True)
     print(f"building {len(plan)} variants in {args.workdir}: {', '.join(plan)}", flush=True)
     seconds = build.build_all(plan, args.workdir, args.jobs)
     print("built in " + ", ".join(f"{v} {s:.0f} s" for v, s in seconds.items()), flush=True)
+    if args.command == "pack":
+        names = build.pack(plan, args.workdir, args.to)
+        print(f"packed {len(names)} files into {args.to} ({args.to.stat().st_size / 1e6:.1f} MB)")
+        return
     if args.command == "build":
         return
 

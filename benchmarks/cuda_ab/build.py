@@ -1,19 +1,26 @@
 """Builds the A/B variants: per variant, a copy of csrc/ with its edits, one generated instance
 file per unit (csrc/cuda/norm_instances.cuh's macros, as setup.py's, plus the registration of
-instance.cuh) and bindings.cpp, compiled by torch.utils.cpp_extension into a module of its own.
+instance.cuh) and entry.cpp, compiled by nvcc into a shared library of plain C entries
+(loaded with ctypes: Variant). launch_checks.h replaces c10's CUDA checks, so a library uses
+nothing of torch's at run time: built on a machine without a GPU (`pack`), it runs beside
+the torch of a GPU machine (`unpack`), whose build time a lease then keeps.
 
-Each module is compiled with -Dfusednorm=fusednorm_ab_<variant> (as benchmarks/kernel_ab):
-every variant's kernels and entries get their own symbols, so they load side by side in one
-process. Variants build in parallel processes (`python -m benchmarks.cuda_ab build-one`).
+Each library is compiled with -Dfusednorm=fusednorm_ab_<variant> (as benchmarks/kernel_ab):
+every variant's kernels get their own symbols. Variants build in parallel processes
+(`python -m benchmarks.cuda_ab build-one`); a variant whose sources, edits and flags (its
+digest) match its library's is not compiled again.
 """
 from __future__ import annotations
 
-import importlib.util
+import ctypes
+import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,9 +31,14 @@ REPO = HERE.parent.parent
 CSRC = REPO / "csrc"
 DEFAULT_WORKDIR = REPO / "build" / "cuda_ab"
 KIND_CENTERED = {"layer_norm": "true", "rms_norm": "false"}  # as setup.py's NORM_KINDS
-# nvcc options of setup.py's CUDA sources (torch adds its own half/bfloat16 macros to both).
+# nvcc options of setup.py's CUDA sources, after those torch's extension builds add.
 NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DFUSEDNORM_WITH_CUDA"]
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-ffp-contract=off", "-DFUSEDNORM_WITH_CUDA"]
+STD = "-std=c++20"  # torch's extension builds' (its headers need it)
+# The library's own files, beside the variant's csrc/ copy: in its digest.
+OWN_FILES = ("entry.cpp", "registry.h", "instance.cuh", "launch_checks.h")
+# c10::ScalarType's values of the dtypes the entries take (c10/core/ScalarType.h).
+SCALAR_TYPE = {"torch.float16": 5, "torch.float32": 6, "torch.float64": 7, "torch.bfloat16": 15}
 
 
 def module_name(variant: str) -> str:
@@ -79,39 +91,252 @@ def write_tree(variant: str, edits: tuple[Edit, ...], units: tuple[Unit, ...],
     return root, sources
 
 
-def build_one(variant: str, edits: tuple[Edit, ...], units: tuple[Unit, ...], workdir: Path,
-              verbose: bool = False):
-    """Compiles (or finds up to date) and imports one variant's module."""
-    from torch.utils.cpp_extension import load
+def library_name(variant: str) -> str:
+    return "lib" + module_name(variant) + ".so"
 
+
+def cuda_home() -> Path:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    home = os.environ.get("CUDA_HOME") or CUDA_HOME
+    if not home or not (Path(home) / "bin" / "nvcc").exists():
+        raise RuntimeError("nvcc not found: set CUDA_HOME to the CUDA toolkit")
+    return Path(home)
+
+
+def arch_flags() -> list[str]:
+    """torch's -gencode flags (TORCH_CUDA_ARCH_LIST, else the visible GPUs')."""
+    from torch.utils.cpp_extension import _get_cuda_arch_flags
+
+    return _get_cuda_arch_flags()
+
+
+def compile_commands(root: Path, sources: list[Path], rename: str) -> list[tuple[Path, list[str]]]:
+    """(object, command) per source: the instance files by nvcc with the flags torch's
+    extension builds give setup.py's CUDA files, entry.cpp by the host compiler."""
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
+
+    home = cuda_home()
+    includes = [f"-I{d}" for d in [root / "csrc", HERE, *include_paths(), home / "include"]]
+    shim = ["-include", str(HERE / "launch_checks.h")]
+    out = []
+    for src in sources:
+        obj = root / "build" / (src.stem + ".o")
+        out.append((obj, [str(home / "bin" / "nvcc"), "-c", str(src), "-o", str(obj), *includes,
+                          *COMMON_NVCC_FLAGS, *arch_flags(), STD, "-Xcompiler", "-fPIC",
+                          *shim, *NVCC_FLAGS, rename]))
+    obj = root / "build" / "entry.o"
+    cxx = os.environ.get("CXX", "c++")
+    out.append((obj, [cxx, "-c", str(HERE / "entry.cpp"), "-o", str(obj), *includes, STD,
+                      "-fPIC", *shim, *CXX_FLAGS, rename]))
+    return out
+
+
+def digest(root: Path, sources: list[Path], rename: str) -> str:
+    """What a library is built from: the variant's csrc/ copy, its instance files, the
+    library's own files and this file's flags. Not torch's version, headers or flags, nor
+    the archs (runs_here checks those): a pack made beside one torch is used beside another,
+    whose extension flags may differ; its base and variants were all compiled alike."""
+    h = hashlib.sha256()
+    for path in sorted((root / "csrc").rglob("*")) + sorted(sources) + [HERE / f for f in OWN_FILES]:
+        if path.is_file():
+            rel = path.relative_to(root if path.is_relative_to(root) else HERE)
+            h.update(str(rel).encode() + b"\0" + path.read_bytes())
+    h.update(" ".join(NVCC_FLAGS + CXX_FLAGS + [STD, rename]).encode())
+    return h.hexdigest()
+
+
+def build_one(variant: str, edits: tuple[Edit, ...], units: tuple[Unit, ...], workdir: Path,
+              verbose: bool = False) -> bool:
+    """Compiles one variant's library unless it is up to date (its digest); returns whether
+    it compiled."""
     root, sources = write_tree(variant, edits, units, workdir)
     build_dir = root / "build"
     build_dir.mkdir(exist_ok=True)
     rename = f"-Dfusednorm=fusednorm_ab_{re.sub(r'[^0-9A-Za-z]', '_', variant)}"
-    return load(name=module_name(variant), sources=[str(HERE / "bindings.cpp"), *map(str, sources)],
-                extra_include_paths=[str(root / "csrc"), str(HERE)],
-                extra_cflags=CXX_FLAGS + [rename], extra_cuda_cflags=NVCC_FLAGS + [rename],
-                build_directory=str(build_dir), verbose=verbose)
+    want = digest(root, sources, rename)
+    lib = build_dir / library_name(variant)
+    stamp = build_dir / "digest"
+    if lib.exists() and stamp.exists() and stamp.read_text() == want and runs_here(build_dir, lib):
+        if verbose:
+            print(f"{variant}: up to date ({lib})", flush=True)
+        return False
+    commands = compile_commands(root, sources, rename)
+    jobs = max(1, int(os.environ.get("MAX_JOBS", os.cpu_count() or 1)))
+
+    def run(cmd: list[str]) -> None:
+        if verbose:
+            print(" ".join(cmd), flush=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}\n{done.stdout[-3000:]}{done.stderr[-6000:]}")
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(run, [cmd for _, cmd in commands]))
+    run([str(cuda_home() / "bin" / "nvcc"), "-shared", "-cudart", "shared", "-o", str(lib),
+         *[str(obj) for obj, _ in commands]])
+    import torch
+
+    (build_dir / "built.json").write_text(json.dumps(
+        {"archs": [a.split("code=")[-1] for a in arch_flags()], "torch": torch.__version__}) + "\n")
+    stamp.write_text(want)
+    return True
 
 
-def import_built(variant: str, workdir: Path):
-    """The variant's module, already compiled by build_one (in this or another process)."""
-    path = next((workdir / variant / "build").glob(module_name(variant) + "*.so"), None)
-    if path is None:
+def runs_here(build_dir: Path, lib: Path) -> bool:
+    """Whether the library loads here (a pack made elsewhere) and has machine code for the
+    visible GPU (its built.json's archs; any, without a GPU)."""
+    import torch
+
+    try:
+        ctypes.CDLL(str(lib), mode=os.RTLD_LOCAL)
+    except OSError:
+        return False
+    record = build_dir / "built.json"
+    if not record.exists():
+        return False
+    if not torch.cuda.is_available():
+        return True
+    major, minor = torch.cuda.get_device_capability()
+    archs = json.loads(record.read_text())["archs"]
+    return any(re.fullmatch(rf"sm_{major}{minor}a?", a) for a in archs)
+
+
+class Variant:
+    """One variant's library, loaded: fwd / bwd with the arguments of the sweep's calls
+    (tensors or None), entries(); __file__ is the library's path (for cuobjdump)."""
+
+    class _Fwd(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_void_p) for n in ("x", "weight", "bias", "residual", "y", "mean",
+                                                    "rstd", "sum")] + [
+            ("M", ctypes.c_int64), ("N", ctypes.c_int64), ("eps", ctypes.c_double)]
+
+    class _Bwd(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_void_p) for n in ("dy", "x", "mean", "rstd", "weight", "grad_sum",
+                                                    "dx", "dweight", "dbias")] + [
+            ("M", ctypes.c_int64), ("N", ctypes.c_int64)]
+
+    _ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int64)
+
+    def __init__(self, path: Path):
+        import torch  # loads the CUDA runtime the library links (libcudart's soname)
+
+        self.__file__ = str(path)
+        self._lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+        entry_args = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_void_p, self._ALLOCATE, ctypes.c_char_p, ctypes.c_int]
+        for name in ("fusednorm_ab_fwd", "fusednorm_ab_bwd"):
+            getattr(self._lib, name).argtypes = entry_args
+            getattr(self._lib, name).restype = ctypes.c_int
+        self._lib.fusednorm_ab_entries.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self._lib.fusednorm_ab_entries.restype = ctypes.c_int
+        # The structures as the library lays them out, or no call at all.
+        theirs = (ctypes.c_int64 * 64)()
+        count = self._lib.fusednorm_ab_layout(theirs, 64)
+        ours = [ctypes.sizeof(s) if i == 0 else getattr(s, name).offset
+                for s in (self._Fwd, self._Bwd)
+                for i, name in enumerate([None] + [f[0] for f in s._fields_])]
+        if list(theirs[:count]) != ours:
+            raise RuntimeError(f"{path.name}: FwdPtrs/BwdPtrs laid out {list(theirs[:count])}, "
+                               f"Variant expects {ours}")
+        self._error = ctypes.create_string_buffer(1024)
+        self._held: list = []  # the current call's scratch buffers
+        self._device = None
+        self._sm_count: dict[int, int] = {}
+
+        def allocate(nbytes: int) -> int:
+            try:
+                t = torch.empty(int(nbytes), dtype=torch.uint8, device=self._device)
+            except Exception:  # noqa: BLE001  (refused: the entry raises, naming the size)
+                return 0
+            self._held.append(t)
+            return t.data_ptr()
+
+        self._allocate = self._ALLOCATE(allocate)  # kept alive with the library
+
+    def entries(self) -> list[str]:
+        size = self._lib.fusednorm_ab_entries(None, 0)
+        buf = ctypes.create_string_buffer(size)
+        self._lib.fusednorm_ab_entries(buf, size)
+        return buf.value.decode().splitlines()
+
+    def _call(self, fn, centered: bool, x, weight, ptrs) -> None:
+        import torch
+
+        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if dev not in self._sm_count:
+            self._sm_count[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+        p_type = SCALAR_TYPE[str((weight if weight is not None else x).dtype)]
+        error = self._error
+        self._device = x.device
+        try:
+            code = fn(int(centered), SCALAR_TYPE[str(x.dtype)], p_type, ctypes.byref(ptrs), dev,
+                      self._sm_count[dev], torch.cuda.current_stream(x.device).cuda_stream,
+                      self._allocate, error, len(error))
+        finally:
+            self._held.clear()  # the kernels are enqueued: the allocator's stream order holds
+        if code != 0:
+            raise RuntimeError(f"{Path(self.__file__).name}: {error.value.decode()}")
+
+    def fwd(self, centered, x, residual, weight, bias, eps, y, sum_, mean, rstd) -> None:
+        ptrs = self._Fwd(*(_ptr(t) for t in (x, weight, bias, residual, y, mean, rstd, sum_)),
+                         x.size(0), x.size(1), eps)
+        self._call(self._lib.fusednorm_ab_fwd, centered, x, weight, ptrs)
+
+    def bwd(self, centered, dy, grad_sum, x, mean, rstd, weight, dx, dweight, dbias) -> None:
+        ptrs = self._Bwd(*(_ptr(t) for t in (dy, x, mean, rstd, weight, grad_sum, dx, dweight,
+                                             dbias)), x.size(0), x.size(1))
+        self._call(self._lib.fusednorm_ab_bwd, centered, x, weight, ptrs)
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+def import_built(variant: str, workdir: Path) -> Variant:
+    """The variant's library, already compiled by build_one (in this or another process, or
+    on another machine: unpack)."""
+    path = workdir / variant / "build" / library_name(variant)
+    if not path.exists():
         raise FileNotFoundError(f"variant {variant!r} is not built in {workdir}")
-    import torch  # noqa: F401  (the module links against torch's libraries)
+    return Variant(path)
 
-    spec = importlib.util.spec_from_file_location(module_name(variant), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def pack(plan: dict, workdir: Path, out: Path) -> list[str]:
+    """A tar.xz of the built libraries of plan's variants, with their digests and build
+    records (a few hundred kB each: the machine code compresses about tenfold); returns
+    the member names."""
+    names = []
+    with tarfile.open(out, "w:xz") as tar:
+        for variant in plan:
+            for f in (library_name(variant), "digest", "built.json"):
+                path = workdir / variant / "build" / f
+                name = f"{variant}/build/{f}"
+                tar.add(path, arcname=name)
+                names.append(name)
+    return names
+
+
+def unpack(archive: Path, workdir: Path) -> list[str]:
+    """Extracts a pack into workdir (the variants' build folders); build_all then compiles
+    only the variants whose digest differs from the packed one."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:xz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and ".." not in m.name
+                   and not m.name.startswith("/")]
+        if hasattr(tarfile, "data_filter"):  # (Python 3.12; 3.11.4 and later backports)
+            tar.extractall(workdir, members=members, filter="data")
+        else:
+            tar.extractall(workdir, members=members)
+    return [m.name for m in members]
 
 
 def build_all(plan: dict[str, tuple[tuple[Edit, ...], tuple[Unit, ...]]], workdir: Path,
               jobs: int | None = None) -> dict[str, float]:
     """Builds every variant of plan (name -> (edits, units)) in parallel processes, each with
-    a compiler job per source (its units and bindings.cpp, at most `jobs`); returns each one's
-    seconds. Raises naming the variants that failed, with the end of their logs."""
+    a compiler job per source (its units and entry.cpp, at most `jobs`); returns each one's
+    seconds (a variant up to date: about a second). Raises naming the variants that failed,
+    with the end of their logs."""
     import time
 
     workdir.mkdir(parents=True, exist_ok=True)

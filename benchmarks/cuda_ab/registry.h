@@ -1,7 +1,7 @@
 #pragma once
 // The A/B tool's type-erased entries into one variant's norm kernels (csrc/cuda/norm_launch.h):
 // each generated instance file registers its (pass, kind, input dtype, parameter dtype)
-// entries here at load; bindings.cpp looks them up per call.
+// entries here at load; entry.cpp looks them up per call.
 
 #include <c10/core/ScalarType.h>
 
@@ -31,7 +31,7 @@ using BwdFn = void (*)(const BwdPtrs&, Workspace&, DeviceInfo, cudaStream_t);
 // (centered, input dtype, parameter dtype)
 using Key = std::tuple<bool, c10::ScalarType, c10::ScalarType>;
 
-std::map<Key, FwdFn>& fwd_entries();  // bindings.cpp
+std::map<Key, FwdFn>& fwd_entries();  // entry.cpp
 std::map<Key, BwdFn>& bwd_entries();
 
 template <bool CENTERED, typename T, typename P>
