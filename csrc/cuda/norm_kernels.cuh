@@ -1372,11 +1372,11 @@ dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>*
 template <int TPR, typename Kernel, typename Params>
 dim3 fwd_rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache) {
   const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache);
-  const int64_t groups = ceil_div(p.M, RowLayout<TPR>::kRows);
   if (p.chunks == 1 && per_sm > 1) {
+    const int64_t groups = ceil_div(p.M, RowLayout<TPR>::kRows);
     return dim3(static_cast<unsigned>(std::clamp<int64_t>(groups, 1, INT_MAX)));
   }
-  return row_grid(groups, p.chunks, int64_t(per_sm) * dev.sm_count);
+  return rows_grid<TPR>(kernel, p, dev, cache);  // (the occupancy asked again: cached)
 }
 
 // smem: bytes of dynamic shared memory; extra: the arguments after p (the dropout kernels'
