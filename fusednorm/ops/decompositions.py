@@ -1,0 +1,118 @@
+"""The public ops written with ATen ops, for exporters that turn a graph into another
+format and so cannot keep fusednorm's ops as nodes: torch.onnx.export decomposes every op
+its ONNX registry lacks by torch._decomp's table, which these join (LayerNorm becomes
+ONNX's LayerNormalization, as nn.LayerNorm's export does). torch.compile and
+torch.export keep the fused ops: neither reads that table unless asked.
+
+Each gives the op's outputs (the statistics too) with its dtypes and shapes, in its
+computation type (float32; float64 for float64 inputs), rounded once, as the kernels.
+The add ops' dropout has no ATen form (its mask is fusednorm's Philox stream): with
+dropout_p > 0 the decomposition raises; the modules pass 0 in eval mode.
+"""
+from __future__ import annotations
+
+import torch
+from torch._decomp import register_decomposition
+
+from ..errors import FusedValueError
+from ..reference import rms_eps
+from ._library import OPS, stats_dtype
+
+
+def _decomposes(name: str):
+    """Registers fn as the decomposition of torch.ops.fusednorm.<name>.default (nothing
+    without the library)."""
+    if OPS is None:
+        return lambda fn: fn
+    return register_decomposition(getattr(OPS, name).default)
+
+
+def _weight(weight, zero_centered_weight, acc):
+    """The weight applied, in the computation type: 1 + weight when zero-centered."""
+    if weight is None:
+        return None
+    return weight.to(acc) + 1 if zero_centered_weight else weight.to(acc)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A [*leading, 1, ...] statistic as the ops return it: [M]."""
+    return t.reshape(-1)
+
+
+@_decomposes("layer_norm")
+def layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight=False):
+    acc = stats_dtype(input.dtype)
+    out, mean, rstd = torch.ops.aten.native_layer_norm.default(
+        input.to(acc), normalized_shape, _weight(weight, zero_centered_weight, acc),
+        None if bias is None else bias.to(acc), eps)
+    return out.to(input.dtype), _rows(mean), _rows(rstd)
+
+
+@_decomposes("rms_norm")
+def rms_norm(input, normalized_shape, weight, eps, zero_centered_weight=False):
+    acc = stats_dtype(input.dtype)
+    x = input.to(acc)
+    dims = tuple(range(-len(normalized_shape), 0))
+    eps = rms_eps(input.dtype) if eps is None else eps
+    rstd = torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+    out = x * rstd
+    w = _weight(weight, zero_centered_weight, acc)
+    if w is not None:
+        out = out * w
+    return out.to(input.dtype), _rows(rstd)
+
+
+def _sum(fn, input, residual, dims, residual_dtype, dropout_p, rowscale):
+    """s = input * rowscale[row] + residual in the sum's dtype (the product and the add in
+    the computation type, then one rounding), or input + residual as eager's add."""
+    from ..functional import _sum_dtype
+
+    if dropout_p > 0:
+        raise FusedValueError(
+            f"{fn}: dropout_p={dropout_p} has no decomposition into ATen ops (its mask is "
+            "fusednorm's Philox stream); export the model in eval mode, where fusednorm's "
+            "modules pass dropout_p=0")
+    sum_dtype = _sum_dtype(fn, input, residual_dtype)
+    if rowscale is None:
+        return input.to(sum_dtype) + residual.to(sum_dtype)
+    acc = stats_dtype(input.dtype)
+    scale = rowscale.to(acc).reshape(*rowscale.shape, *([1] * dims))
+    return (input.to(acc) * scale + residual.to(acc)).to(sum_dtype)
+
+
+def _no_rng_state(input):
+    return input.new_empty((0,), dtype=torch.int64)
+
+
+@_decomposes("add_layer_norm")
+def add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
+                   zero_centered_weight=False, residual_dtype=None, dropout_p=0.0, rowscale=None):
+    total = _sum("fusednorm.add_layer_norm", input, residual, len(normalized_shape),
+                 residual_dtype, dropout_p, rowscale)
+    out, mean, rstd = layer_norm(total, normalized_shape, weight, bias, eps, zero_centered_weight)
+    return out.to(input.dtype), total, mean, rstd, _no_rng_state(input)
+
+
+@_decomposes("add_rms_norm")
+def add_rms_norm(input, residual, normalized_shape, weight, eps, zero_centered_weight=False,
+                 residual_dtype=None, dropout_p=0.0, rowscale=None):
+    total = _sum("fusednorm.add_rms_norm", input, residual, len(normalized_shape), residual_dtype,
+                 dropout_p, rowscale)
+    out, rstd = rms_norm(total, normalized_shape, weight, eps, zero_centered_weight)
+    return out.to(input.dtype), total, rstd, _no_rng_state(input)
+
+
+@_decomposes("gelu_ffn")
+def gelu_ffn(input, weight1, bias1, weight2, bias2, approximate):
+    hidden = torch.nn.functional.linear(input, weight1, bias1)
+    out = torch.nn.functional.linear(torch.nn.functional.gelu(hidden, approximate=approximate),
+                                     weight2, bias2)
+    return out, hidden.reshape(-1, weight1.shape[0])
+
+
+@_decomposes("layer_norm_gelu_ffn")
+def layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
+                        approximate):
+    normed, mean, rstd = layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
+    out, hidden = gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
+    return input + out, mean, rstd, hidden

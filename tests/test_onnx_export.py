@@ -1,0 +1,174 @@
+"""Exporting to ONNX: torch.onnx.export turns each fusednorm op into ATen ops by
+fusednorm.ops.decompositions (LayerNorm into ONNX's LayerNormalization). The decompositions
+give each op's outputs (the statistics too) against the op itself on the CPU, every dtype,
+parameter case and add-op option; an exported program decomposed by that table holds no
+fusednorm node and computes what the model does; torch.export's own default decomposition
+still keeps the fused ops. With onnxscript and onnxruntime installed (not fusednorm's
+dependencies), a model of every module exports and runs in onnxruntime."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusednorm
+from conftest import random_input
+from fusednorm.errors import FusedValueError
+from fusednorm.ops import decompositions
+
+OPS = torch.ops.fusednorm
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+PUBLIC = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu_ffn",
+          "layer_norm_gelu_ffn"]
+
+
+def _close(got, want, exact=False):
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype,
+                                                                  got.shape, want.shape)
+    if exact:
+        assert torch.equal(got, want)
+    else:
+        # One rounding to the output's dtype apart, from float32 (float64) values that the
+        # two compute in different orders.
+        eps = torch.finfo(want.dtype).eps
+        scale = want.double().abs().max().item() + 1
+        torch.testing.assert_close(got.double(), want.double(), rtol=2 * eps, atol=4 * eps * scale)
+
+
+def _check(name, args, exact_outputs=()):
+    want = getattr(OPS, name)(*args)
+    got = getattr(decompositions, name)(*args)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if w.numel() == 0 and g.numel() == 0:
+            assert g.dtype == w.dtype and g.shape == w.shape
+            continue
+        _close(g, w, exact=i in exact_outputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", ["wb", "w", "none", "fp32 params", "zero centered"])
+def test_layer_norm_and_rms_norm(dtype, affine):
+    x = random_input((3, 5, 37), dtype, "cpu", seed=1)
+    param = torch.float32 if affine == "fp32 params" and dtype in (torch.bfloat16, torch.float16) else dtype
+    w = random_input((37,), param, "cpu", seed=2) if affine != "none" else None
+    b = random_input((37,), param, "cpu", seed=3) if affine in ("wb", "fp32 params", "zero centered") else None
+    zc = affine == "zero centered"
+    _check("layer_norm", (x, [37], w, b, 1e-5, zc))
+    _check("rms_norm", (x, [37], w, None, zc))
+    _check("rms_norm", (x, [37], w, 1e-3, zc))
+    # Two normalized dims, a strided view, an empty batch.
+    x2 = random_input((7, 4, 6), dtype, "cpu", seed=4).transpose(0, 1)
+    _check("layer_norm", (x2, [7, 6][1:], None, None, 1e-5, False))
+    _check("layer_norm", (random_input((2, 3, 4), dtype, "cpu", seed=5), [3, 4], None, None, 1e-5,
+                          False))
+    _check("rms_norm", (x[:0], [37], w, None, zc))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("option", ["plain", "fp32 sum", "rowscale", "fp32 sum rowscale",
+                                    "zero centered"])
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_ops(name, dtype, option):
+    """The sum exactly (x * rowscale and + residual each rounded in the computation type,
+    then once to the sum's dtype); out and the statistics as the op's."""
+    x = random_input((4, 3, 29), dtype, "cpu", seed=1)
+    wide = "fp32 sum" in option
+    r = random_input((4, 3, 29), torch.float32 if wide and dtype != torch.float64 else dtype, "cpu",
+                     seed=2)
+    w = random_input((29,), dtype, "cpu", seed=3)
+    b = random_input((29,), dtype, "cpu", seed=4)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    rowscale = random_input((4, 3), acc, "cpu", seed=5) if "rowscale" in option else None
+    rest = (option == "zero centered", torch.float32 if wide else None, 0.0, rowscale)
+    if name == "add_layer_norm":
+        _check(name, (x, r, [29], w, b, 1e-5, *rest), exact_outputs=(1,))
+    else:
+        _check(name, (x, r, [29], w, None, *rest), exact_outputs=(1,))
+
+
+def test_add_ops_dropout_has_no_decomposition():
+    x = random_input((2, 8), torch.float32, "cpu", seed=1)
+    with pytest.raises(FusedValueError, match="dropout_p"):
+        decompositions.add_layer_norm(x, x, [8], None, None, 1e-5, False, None, 0.1, None)
+    with pytest.raises(FusedValueError, match="dropout_p"):
+        decompositions.add_rms_norm(x, x, [8], None, None, False, None, 0.5, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("biases", [True, False])
+def test_gelu_ffn_ops(dtype, approximate, biases):
+    x = random_input((3, 5, 12), dtype, "cpu", seed=1)
+    w1, w2 = (random_input((20, 12), dtype, "cpu", seed=2, scale=0.3),
+              random_input((12, 20), dtype, "cpu", seed=3, scale=0.3))
+    b1 = random_input((20,), dtype, "cpu", seed=4) if biases else None
+    b2 = random_input((12,), dtype, "cpu", seed=5) if biases else None
+    ln_w, ln_b = random_input((12,), dtype, "cpu", seed=6), random_input((12,), dtype, "cpu", seed=7)
+    want = OPS.gelu_ffn(x, w1, b1, w2, b2, approximate)
+    got = decompositions.gelu_ffn(x, w1, b1, w2, b2, approximate)
+    for g, w in zip(got, want):  # GEMMs of the input's dtype, as eager's
+        torch.testing.assert_close(g, w)
+    want = OPS.layer_norm_gelu_ffn(x, ln_w, ln_b, 1e-5, w1, b1, w2, b2, approximate)
+    got = decompositions.layer_norm_gelu_ffn(x, ln_w, ln_b, 1e-5, w1, b1, w2, b2, approximate)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+class Block(torch.nn.Module):
+    """Every module of the library in one model."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln = fusednorm.FusedLayerNorm(d)
+        self.rms = fusednorm.FusedRMSNorm(d, eps=1e-6)
+        self.add_ln = fusednorm.FusedAddLayerNorm(d, dropout_p=0.1)
+        self.add_rms = fusednorm.FusedAddRMSNorm(d)
+        self.ffn = fusednorm.FusedGeluFFN(d, 24)
+        self.block = fusednorm.FusedLayerNormGeluFFN(d, d_hidden=24)
+
+    def forward(self, x, residual):
+        y, s = self.add_ln(self.ln(x), residual)
+        z, s = self.add_rms(self.rms(y), s)
+        return self.block(self.ffn(z)) + s
+
+
+def _model_and_inputs():
+    torch.manual_seed(0)
+    model = Block().eval()
+    with torch.no_grad():  # parameters away from their ones / zeros
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    x = random_input((2, 5, 16), torch.float32, "cpu", seed=1)
+    r = random_input((2, 5, 16), torch.float32, "cpu", seed=2)
+    return model, (x, r)
+
+
+def test_exported_program_decomposes_into_aten():
+    """The table torch.onnx.export reads turns an exported program into ATen ops only, which
+    compute what the model does; torch.export's own default decomposition keeps the fused
+    ops (one node each)."""
+    model, args = _model_and_inputs()
+    program = torch.export.export(model, args)
+    kept = program.run_decompositions()
+    targets = {str(n.target) for n in kept.graph.nodes if n.op == "call_function"}
+    assert {f"fusednorm.{name}.default" for name in PUBLIC} <= targets
+
+    table = torch.export.default_decompositions()
+    for name in PUBLIC:
+        op = getattr(OPS, name).default
+        table[op] = torch._decomp.decomposition_table[op]
+    aten = program.run_decompositions(table)
+    targets = {str(n.target) for n in aten.graph.nodes if n.op == "call_function"}
+    assert not [t for t in targets if "fusednorm" in t], targets
+    torch.testing.assert_close(aten.module()(*args), model(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_runs_in_onnxruntime():
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    pytest.importorskip("onnxruntime", reason="running the exported model needs onnxruntime")
+    model, args = _model_and_inputs()
+    program = torch.onnx.export(model, args, dynamo=True, verbose=False)
+    ops = {node.op_type for node in program.model.graph}
+    assert "LayerNormalization" in ops, ops
+    (got,) = program(*args)
+    torch.testing.assert_close(got, model(*args), rtol=1e-4, atol=1e-4)
