@@ -4,7 +4,8 @@ give each op's outputs (the statistics too) against the op itself on the CPU, ev
 parameter case and add-op option; an exported program decomposed by that table holds no
 fusednorm node and computes what the model does; torch.export's own default decomposition
 still keeps the fused ops. With onnxscript and onnxruntime installed (not fusednorm's
-dependencies), a model of every module exports and runs in onnxruntime."""
+dependencies), a model of every module exports with a dynamic batch and runs in
+onnxruntime."""
 from __future__ import annotations
 
 import pytest
@@ -167,8 +168,13 @@ def test_onnx_export_runs_in_onnxruntime():
     pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
     pytest.importorskip("onnxruntime", reason="running the exported model needs onnxruntime")
     model, args = _model_and_inputs()
-    program = torch.onnx.export(model, args, dynamo=True, verbose=False)
+    batch = torch.export.Dim("batch")
+    program = torch.onnx.export(model, args, dynamo=True, verbose=False,
+                                dynamic_shapes=({0: batch}, {0: batch}))
     ops = {node.op_type for node in program.model.graph}
     assert "LayerNormalization" in ops, ops
-    (got,) = program(*args)
-    torch.testing.assert_close(got, model(*args), rtol=1e-4, atol=1e-4)
+    for rows in (2, 7):  # a dynamic batch
+        x = random_input((rows, 5, 16), torch.float32, "cpu", seed=3)
+        r = random_input((rows, 5, 16), torch.float32, "cpu", seed=4)
+        (got,) = program(x, r)
+        torch.testing.assert_close(got, model(x, r), rtol=1e-4, atol=1e-4)
