@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fusednorm
 from conftest import random_input
+from test_export import Block
 from fusednorm.errors import FusedValueError
 from fusednorm.ops import decompositions
 
@@ -115,27 +115,10 @@ def test_gelu_ffn_ops(dtype, approximate, biases):
         torch.testing.assert_close(g, w)
 
 
-class Block(torch.nn.Module):
-    """Every module of the library in one model."""
-
-    def __init__(self, d=16):
-        super().__init__()
-        self.ln = fusednorm.FusedLayerNorm(d)
-        self.rms = fusednorm.FusedRMSNorm(d, eps=1e-6)
-        self.add_ln = fusednorm.FusedAddLayerNorm(d, dropout_p=0.1)
-        self.add_rms = fusednorm.FusedAddRMSNorm(d)
-        self.ffn = fusednorm.FusedGeluFFN(d, 24)
-        self.block = fusednorm.FusedLayerNormGeluFFN(d, d_hidden=24)
-
-    def forward(self, x, residual):
-        y, s = self.add_ln(self.ln(x), residual)
-        z, s = self.add_rms(self.rms(y), s)
-        return self.block(self.ffn(z)) + s
-
-
 def _model_and_inputs():
     torch.manual_seed(0)
-    model = Block().eval()
+    model = Block().eval()  # every module of the library
+    model.add_ln.dropout_p = 0.1  # (off in eval mode)
     with torch.no_grad():  # parameters away from their ones / zeros
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
