@@ -147,15 +147,19 @@ def test_exported_program_decomposes_into_aten():
     torch.testing.assert_close(aten.module()(*args), model(*args), rtol=1e-5, atol=1e-5)
 
 
-def test_onnx_export_runs_in_onnxruntime():
+@pytest.mark.parametrize("opset", [None, 23])
+def test_onnx_export_runs_in_onnxruntime(opset):
+    """The exporter's default opset, and 23, where RMSNorm becomes RMSNormalization."""
     pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
     pytest.importorskip("onnxruntime", reason="running the exported model needs onnxruntime")
     model, args = _model_and_inputs()
     batch = torch.export.Dim("batch")
-    program = torch.onnx.export(model, args, dynamo=True, verbose=False,
+    program = torch.onnx.export(model, args, dynamo=True, verbose=False, opset_version=opset,
                                 dynamic_shapes=({0: batch}, {0: batch}))
     ops = {node.op_type for node in program.model.graph}
     assert "LayerNormalization" in ops, ops
+    if opset == 23:
+        assert "RMSNormalization" in ops, ops
     for rows in (2, 7):  # a dynamic batch
         x = random_input((rows, 5, 16), torch.float32, "cpu", seed=3)
         r = random_input((rows, 5, 16), torch.float32, "cpu", seed=4)

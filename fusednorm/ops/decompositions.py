@@ -1,7 +1,8 @@
 """The public ops written with ATen ops, for exporters that turn a graph into another
 format and so cannot keep fusednorm's ops as nodes: torch.onnx.export decomposes every op
 its ONNX registry lacks by torch._decomp's table, which these join (LayerNorm becomes
-ONNX's LayerNormalization, as nn.LayerNorm's export does). torch.compile and
+ONNX's LayerNormalization, as nn.LayerNorm's export does; RMSNorm RMSNormalization from
+opset 23). torch.compile and
 torch.export keep the fused ops: neither reads that table unless asked.
 
 Each gives the op's outputs (the statistics too) with its dtypes and shapes, in its
@@ -52,13 +53,13 @@ def layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight=
 def rms_norm(input, normalized_shape, weight, eps, zero_centered_weight=False):
     acc = stats_dtype(input.dtype)
     x = input.to(acc)
-    dims = tuple(range(-len(normalized_shape), 0))
     eps = rms_eps(input.dtype) if eps is None else eps
+    # aten.rms_norm: ONNX's RMSNormalization from opset 23, its own decomposition below.
+    out = torch.ops.aten.rms_norm.default(x, normalized_shape,
+                                          _weight(weight, zero_centered_weight, acc), eps)
+    # (Most graphs leave rstd unused, and the exporter drops it.)
+    dims = tuple(range(-len(normalized_shape), 0))
     rstd = torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
-    out = x * rstd
-    w = _weight(weight, zero_centered_weight, acc)
-    if w is not None:
-        out = out * w
     return out.to(input.dtype), _rows(rstd)
 
 
