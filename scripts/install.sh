@@ -15,7 +15,9 @@
 #      is not yet what `import fusednorm` finds or an extra's requirement is missing.
 #   4. with "models" among the extras: transformers and timm, with the torchvision built for
 #      the installed torch (scripts/torchvision_for_torch.py), torch pinned; where that
-#      cannot be done the model tests skip, with a warning here that says why.
+#      cannot be done the model tests skip, with a warning here that says why. With "onnx":
+#      onnxscript and onnxruntime for the ONNX export test, the same way (on their own, so
+#      that a Python without their wheels leaves the model libraries be).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -69,6 +71,7 @@ fi
 
 # 3. register (and the extras' requirements)
 base_extras=${extras//models/}
+base_extras=${base_extras//onnx/}
 base_extras=$(echo "$base_extras" | tr -s ',' | sed 's/^,//; s/,$//')
 if why=$("$PYTHON" fusednorm/_build_stamp.py install "$base_extras"); then
   say "fusednorm${base_extras:+[$base_extras]} already installed from this checkout"
@@ -109,6 +112,16 @@ if [[ ,$extras, == *,models,* ]]; then
     say "WARNING: the torchvision installed does not import beside torch $torch_version; uninstalling it" \
         "(transformers works without it; the timm tests will skip)"
     "$PYTHON" -m pip uninstall --yes --disable-pip-version-check torchvision
+  fi
+fi
+if [[ ,$extras, == *,onnx,* ]]; then
+  read -r -a missing <<< "$("$PYTHON" fusednorm/_build_stamp.py missing onnx | tr '\n' ' ')"
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    say "installing ${missing[*]} for the ONNX export test (torch pinned to $torch_version)"
+    if ! pip_install "torch==$torch_version" "${missing[@]}"; then
+      say "WARNING: could not install ${missing[*]} (see above): the ONNX export test will skip." \
+          "Install them by hand with: $PYTHON -m pip install torch==$torch_version ${missing[*]}"
+    fi
   fi
 fi
 "$PYTHON" -c "import fusednorm, json; print(json.dumps(fusednorm.build_info()))"

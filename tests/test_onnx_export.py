@@ -150,8 +150,9 @@ def test_exported_program_decomposes_into_aten():
 @pytest.mark.parametrize("opset", [None, 23])
 def test_onnx_export_runs_in_onnxruntime(opset):
     """The exporter's default opset, and 23, where RMSNorm becomes RMSNormalization."""
-    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
-    pytest.importorskip("onnxruntime", reason="running the exported model needs onnxruntime")
+    why = "the onnx extra (bash scripts/install.sh test,onnx; scripts/test.sh installs it)"
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: " + why)
+    pytest.importorskip("onnxruntime", reason="running the exported model needs " + why)
     model, args = _model_and_inputs()
     batch = torch.export.Dim("batch")
     program = torch.onnx.export(model, args, dynamo=True, verbose=False, opset_version=opset,
