@@ -1,7 +1,7 @@
 #pragma once
-// The norm kernels' Workspace (norm_launch.h) served by PyTorch: the entries of the op
-// (norm.cpp) and of benchmarks/cuda_ab (bindings.cpp) both hand it to the kernels. Host code
-// with ATen: never included by a .cu file.
+// The norm kernels' Workspace (norm_launch.h) served by PyTorch: the op's entries
+// (norm.cpp) hand it to the kernels (benchmarks/cuda_ab's entries have their own, the
+// caller's buffers). Host code with ATen: never included by a .cu file.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
