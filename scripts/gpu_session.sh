@@ -24,6 +24,7 @@
 #                           (python -m benchmarks.cuda_ab pack; carried): step 2 then
 #                           compiles only variants whose sources differ from the pack's
 #   AB_ARGS="--n 4096,16384 --rounds 5"   more options for the sweep
+#   AB_SECONDS=180          the sweep's time at most (it writes its files after each case)
 #   BENCH_SUITES=layer_norm   the suites saved (empty: none)
 #   SOURCE_COMMIT, SOURCE_TREE   stamp results with that commit when the files make that tree
 #                           (scripts/source_commit.sh)
@@ -58,9 +59,11 @@ step tests "$t" env DEADLINE_S="$t" PHASES=tests PYTEST_WORKERS=${PYTEST_WORKERS
 if [[ -n $AB_QUESTIONS ]]; then
   wait $ab_build
   log "cuda_ab build: exit $? ($(tail -n 1 "$DIR/cuda_ab_build.log"))"
-  # 4. The sweep (builds nothing when step 2 finished).
+  # 4. The sweep (builds nothing when step 2 finished), at most AB_SECONDS: the suites keep
+  # the rest (a sweep cut short keeps the cases it timed).
+  t=$(( $(left) < ${AB_SECONDS:-180} ? $(left) : ${AB_SECONDS:-180} ))
   # shellcheck disable=SC2086  # AB_ARGS is a list of options
-  step cuda_ab "$(left)" "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
+  step cuda_ab "$t" "$PYTHON" -m benchmarks.cuda_ab run --out "$DIR/cuda_ab" \
     --questions "$AB_QUESTIONS" ${AB_ARGS:-}
 fi
 
