@@ -246,7 +246,8 @@ class Variant:
 
         def allocate(nbytes: int) -> int:
             try:
-                t = torch.empty(int(nbytes), dtype=torch.uint8, device=self._device)
+                # (at least a byte: an empty tensor's pointer may be null, read as refused)
+                t = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=self._device)
             except Exception:  # noqa: BLE001  (refused: the entry raises, naming the size)
                 return 0
             self._held.append(t)
