@@ -137,6 +137,22 @@ def test_two_variants_compile_and_load_side_by_side(tmp_path):
         foreign = [n for n in names if not re.search(r"@(GLIBC|GLIBCXX|CXXABI|GCC)_|@libcudart|"
                                                      r"^_ITM_|^__gmon_start__$", n)]
         assert names and not foreign, foreign
+    # A call reaches the kernels' launcher through the entry (dtypes found, structures
+    # passed), and an error there comes back as a RuntimeError with CUDA's message (here,
+    # without a GPU, from the launcher's first CUDA call); a dtype not compiled is named.
+    if not torch.cuda.is_available():
+        v = modules[1]
+        v._sm_count[0] = 132
+        x = torch.randn(4, 64)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.cuda, "current_device", lambda: 0)
+            mp.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0}))
+            with pytest.raises(RuntimeError, match=r"libfusednorm_cuda_ab_lanes_2\.so: .*\.cuh:\d+: "):
+                v.fwd(True, x, None, None, None, 1e-5, torch.empty_like(x), None, torch.empty(4),
+                      torch.empty(4))
+            with pytest.raises(RuntimeError, match="not compiled for RMSNorm Double"):
+                v.fwd(False, x.double(), None, None, None, 1e-5, x.double(), None, None,
+                      torch.empty(4, dtype=torch.float64))
     # A pack unpacked into another folder is used as built: nothing compiles there.
     archive = tmp_path / "pack.tar.xz"
     build.pack(plan, tmp_path, archive)
