@@ -5,7 +5,7 @@ parameter case and add-op option; an exported program decomposed by that table h
 fusednorm node and computes what the model does; torch.export's own default decomposition
 still keeps the fused ops. With onnxscript and onnxruntime installed (not fusednorm's
 dependencies), a model of every module exports with a dynamic batch and runs in
-onnxruntime."""
+onnxruntime, and so does a small Llama-style transformers model with its norms swapped."""
 from __future__ import annotations
 
 import pytest
@@ -166,3 +166,36 @@ def test_onnx_export_runs_in_onnxruntime(opset):
         r = random_input((rows, 5, 16), torch.float32, "cpu", seed=4)
         (got,) = program(x, r)
         torch.testing.assert_close(got, model(x, r), rtol=1e-4, atol=1e-4)
+
+
+def test_onnx_export_of_a_swapped_transformers_model():
+    """A small Llama-style transformers model, its RMSNorms swapped, exports to ONNX and
+    computes there what it does in PyTorch."""
+    why = "the onnx extra (bash scripts/install.sh test,onnx; scripts/test.sh installs it)"
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: " + why)
+    pytest.importorskip("onnxruntime", reason="running the exported model needs " + why)
+    transformers = pytest.importorskip(
+        "transformers", reason="needs transformers (models extra: bash scripts/install.sh test,models)")
+    import fusednorm
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2)
+    llama = transformers.LlamaForCausalLM(config).eval()
+    fusednorm.replace_norms(llama)
+    assert fusednorm.norm_report(llama).count("fused") == 5
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, use_cache=False).logits
+
+    model = Logits(llama)
+    ids = torch.randint(0, 100, (2, 7))
+    program = torch.onnx.export(model, (ids,), dynamo=True, verbose=False)
+    (got,) = program(ids)
+    torch.testing.assert_close(got, model(ids), rtol=1e-4, atol=1e-4)
