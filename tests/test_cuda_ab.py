@@ -240,6 +240,7 @@ def test_emulate_variant_cuts_chunks_at_the_variant_tables(monkeypatch):
 
     emu = emulate_variant.emu
     rows = {t: {"fwd_vec": emu.largest_row("fwd", t, True), "fwd_scalar": 8192,
+                "fwd_vec_dropout": emu.largest_row("fwd", t, True), "fwd_scalar_dropout": 8192,
                 "bwd_vec": emu.largest_row("bwd", t, True),
                 "bwd_vec_ln_grad_sum": emu.largest_row("bwd", t, True, ln_grad_sum=True),
                 "bwd_scalar": 4096} for t in emu.SIZE}

@@ -106,16 +106,17 @@ def run_cases(binary, lines, timeout=600):
     return done.returncode, done.stdout, done.stderr
 
 
-# A variant tree's largest rows (t -> the harness's `largest` answer), set while
-# tests/emulate_variant.py makes its cases; None: production's, below.
+# A variant tree's largest rows (t -> the harness's `largest` answer for the dtype pair
+# whose cases are made), set while tests/emulate_variant.py makes its cases; None:
+# production's, below.
 TABLE_ROWS: dict[str, dict[str, int]] | None = None
 
 
-def table_rows(binary, t):
-    """The largest bucket's row length of each table the harness compiled for T = t (and
-    P = t): norm_emulated.cpp's `largest` line as a dict (fwd_vec, fwd_scalar, bwd_vec,
-    bwd_vec_ln_grad_sum, bwd_scalar)."""
-    code, out, err = run_cases(binary, [f"largest {t} {t}"])
+def table_rows(binary, t, p=None):
+    """The largest bucket's row length of each table the harness compiled for T = t and
+    P = p (default t): norm_emulated.cpp's `largest` line as a dict (fwd_vec, fwd_scalar,
+    their _dropout tables, bwd_vec, bwd_vec_ln_grad_sum, bwd_scalar)."""
+    code, out, err = run_cases(binary, [f"largest {t} {p or t}"])
     line = next(line for line in out.splitlines() if line.startswith(("largest ", "FAIL")))
     assert code == 0 and line.startswith("largest "), f"{line}\n{err[-2000:]}"
     words = line.split()[3:]
@@ -126,10 +127,12 @@ def table_rows(binary, t):
 # path: csrc/cuda/norm_config.cuh's tables (the forward's 8192 packs of 16 bytes or
 # 8192 elements; the backward's 2048 packs, 1024 for 16-bit LayerNorm with a grad_sum, or
 # 4096 elements).
-def largest_row(pass_, t, vectorized, ln_grad_sum=False):
+def largest_row(pass_, t, vectorized, ln_grad_sum=False, dropout=False):
+    """dropout: the forward with dropout's tables (production's hold the same rows)."""
     if TABLE_ROWS is not None:
         kind = "vec" if vectorized else "scalar"
         key = f"{pass_}_{kind}" + ("_ln_grad_sum" if ln_grad_sum and vectorized and pass_ == "bwd" else "")
+        key += "_dropout" if dropout and pass_ == "fwd" else ""
         return TABLE_ROWS[t][key]
     vec = 16 // SIZE[t]
     if pass_ == "fwd":
@@ -165,6 +168,8 @@ def test_emulated_tables_are_the_case_generators(harness, t):
     (norm_config.cuh): a table changed without the cases would test other paths than meant."""
     rows = table_rows(harness, t)
     assert rows == {"fwd_vec": largest_row("fwd", t, True), "fwd_scalar": largest_row("fwd", t, False),
+                    "fwd_vec_dropout": largest_row("fwd", t, True, dropout=True),
+                    "fwd_scalar_dropout": largest_row("fwd", t, False, dropout=True),
                     "bwd_vec": largest_row("bwd", t, True),
                     "bwd_vec_ln_grad_sum": largest_row("bwd", t, True, ln_grad_sum=True),
                     "bwd_scalar": largest_row("bwd", t, False)}
@@ -474,7 +479,7 @@ def dropout_cases(t, p, variant):
     # Long rows each with a mask drawn (the three-launch path draws it in two launches).
     for vectorized, flags in ((True, ("drop=0.5 rowscale", "drop=0.1 captured")),
                               (False, ("drop=0.1", "drop=0.5 rowscale"))):
-        big = largest_row("fwd", t, vectorized)
+        big = largest_row("fwd", t, vectorized, dropout=True)
         two = 2 * big if vectorized else 2 * big + 1
         sizes += [(two, 0, " clusters", 1, flags[0]), (two, 0, "", 0, flags[1])]
     cases = []

@@ -465,9 +465,9 @@ std::string dispatch(const Case& c) {
 }
 
 // "largest T P": the largest bucket's row length in elements of each table the launchers
-// take for T (and P), as compiled: the forward's 16-byte and one-element tables, the
-// backward's 16-byte one, LayerNorm's with a grad_sum, and its one-element one (chunks are
-// cut beyond them).
+// take for T (and P), as compiled: the forward's 16-byte and one-element tables (and
+// those of the forward with dropout), the backward's 16-byte one, LayerNorm's with a
+// grad_sum, and its one-element one (chunks are cut beyond them).
 template <typename T, typename P>
 std::string largest_rows() {
   using namespace fusednorm::cuda;
@@ -478,7 +478,9 @@ std::string largest_rows() {
   };
   std::ostringstream out;
   out << "fwd_vec " << vec * largest(FwdVecTable<T, P>{}) << " fwd_scalar "
-      << largest(FwdScalarTable<T>{}) << " bwd_vec " << vec * largest(BwdVecBuckets<T>{})
+      << largest(FwdScalarTable<T>{}) << " fwd_vec_dropout "
+      << vec * largest(FwdVecTable<T, P, true>{}) << " fwd_scalar_dropout "
+      << largest(FwdScalarTable<T, true>{}) << " bwd_vec " << vec * largest(BwdVecBuckets<T>{})
       << " bwd_vec_ln_grad_sum " << vec * largest(BwdVecBucketsGradSum<T>{}) << " bwd_scalar "
       << largest(BwdScalarBuckets{});
   return out.str();
