@@ -56,11 +56,16 @@ Fn find(const std::map<Key, Fn>& entries, bool centered, int x_type, int p_type)
   return it->second;
 }
 
-// 0, or 1 with the message in error (error_len bytes, NUL-terminated).
-template <typename Body>
-int guarded(char* error, int error_len, const Body& body) {
+// 0, or 1 with the message in error (error_len bytes, NUL-terminated): a pass's entry
+// (fwd_entries' or bwd_entries') called with p on the caller's stream and buffers.
+template <typename Ptrs, typename Fn>
+int call_entry(const std::map<Key, Fn>& entries, int centered, int x_type, int p_type,
+               const Ptrs* p, int device, int sm_count, void* stream, Allocate allocate,
+               char* error, int error_len) {
   try {
-    body();
+    CallerWorkspace ws(allocate);
+    find(entries, centered != 0, x_type, p_type)(*p, ws, DeviceInfo{device, sm_count},
+                                                 static_cast<cudaStream_t>(stream));
     return 0;
   } catch (const std::exception& e) {
     if (error != nullptr && error_len > 0) {
@@ -81,11 +86,8 @@ extern "C" __attribute__((visibility("default"))) int fusednorm_ab_fwd(
     int sm_count, void* stream, fusednorm::cuda::ab::Allocate allocate, char* error,
     int error_len) {
   using namespace fusednorm::cuda::ab;
-  return guarded(error, error_len, [&] {
-    CallerWorkspace ws(allocate);
-    find(fwd_entries(), centered != 0, x_type, p_type)(
-        *p, ws, fusednorm::cuda::DeviceInfo{device, sm_count}, static_cast<cudaStream_t>(stream));
-  });
+  return call_entry(fwd_entries(), centered, x_type, p_type, p, device, sm_count, stream,
+                    allocate, error, error_len);
 }
 
 extern "C" __attribute__((visibility("default"))) int fusednorm_ab_bwd(
@@ -93,11 +95,8 @@ extern "C" __attribute__((visibility("default"))) int fusednorm_ab_bwd(
     int sm_count, void* stream, fusednorm::cuda::ab::Allocate allocate, char* error,
     int error_len) {
   using namespace fusednorm::cuda::ab;
-  return guarded(error, error_len, [&] {
-    CallerWorkspace ws(allocate);
-    find(bwd_entries(), centered != 0, x_type, p_type)(
-        *p, ws, fusednorm::cuda::DeviceInfo{device, sm_count}, static_cast<cudaStream_t>(stream));
-  });
+  return call_entry(bwd_entries(), centered, x_type, p_type, p, device, sm_count, stream,
+                    allocate, error, error_len);
 }
 
 // What this variant was compiled for, a line each ("fwd layer_norm BFloat16 Float"), into out
