@@ -11,6 +11,7 @@ the input's device (or the library did not load). The checks below serve those t
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 from typing import Sequence
 
@@ -26,6 +27,16 @@ _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Under torch.compile the check below is a constant True and dynamo traces the torch.ops
 # call, a graph node.
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
+def _onnx_exporting() -> bool:
+    """True while torch.onnx.export traces (its exporter runs torch.export non-strict, so the
+    direct entries answer NotImplemented and _call reaches this check). torch.onnx is not
+    imported for it (25 ms): an export has imported it."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
+
+
 # Where zero_centered_weight, a bool, sits in a norm op's arguments (filled below the
 # functions, from their parameters, which are the op's schema: tests/test_op_table.py).
 # torch.ops (and the fallback) would take any int for it, so _call has the op's check name
@@ -243,6 +254,11 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
     flag_at = _FLAG_AT.get(name)
     if flag_at is not None and type(args[flag_at]) is not bool:
         check(*args)  # raises, naming zero_centered_weight
+    if not _dynamo_compiling() and _onnx_exporting():
+        # ONNX has no function for fusednorm's ops: trace their ATen form (ops.decompositions).
+        check(*args)
+        result = getattr(ops.decompositions, name)(*args)
+        return result[0] if outputs == 1 else tuple(result[:outputs])
     op = getattr(ops, name.upper())
     if op is not None:
         try:

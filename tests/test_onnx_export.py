@@ -1,9 +1,9 @@
-"""Exporting to ONNX: torch.onnx.export turns each fusednorm op into ATen ops by
-fusednorm.ops.decompositions (LayerNorm into ONNX's LayerNormalization). The decompositions
-give each op's outputs (the statistics too) against the op itself on the CPU, every dtype,
-parameter case and add-op option; an exported program decomposed by that table holds no
-fusednorm node and computes what the model does; torch.export's own default decomposition
-still keeps the fused ops. With onnxscript and onnxruntime installed (not fusednorm's
+"""Exporting to ONNX: while torch.onnx.export traces, fusednorm.functional traces each op's
+ATen form (fusednorm.ops.decompositions; LayerNorm as ONNX's LayerNormalization). The
+decompositions give each op's outputs (the statistics too) against the op itself on the
+CPU, every dtype, parameter case and add-op option; a model traced that way holds no
+fusednorm node and computes what the model does; torch.export otherwise keeps the fused
+ops. With onnxscript and onnxruntime installed (not fusednorm's
 dependencies), a model of every module exports with a dynamic batch and runs in
 onnxruntime, and so does a small Llama-style transformers model with its norms swapped."""
 from __future__ import annotations
@@ -127,24 +127,23 @@ def _model_and_inputs():
     return model, (x, r)
 
 
-def test_exported_program_decomposes_into_aten():
-    """The table torch.onnx.export reads turns an exported program into ATen ops only, which
-    compute what the model does; torch.export's own default decomposition keeps the fused
-    ops (one node each)."""
+def test_export_under_onnx_traces_aten(monkeypatch):
+    """While torch.onnx.export traces (fusednorm.functional._onnx_exporting), a model's graph
+    holds ATen ops only, which compute what the model does; otherwise torch.export keeps the
+    fused ops, one node each, also through its default decomposition."""
+    from fusednorm import functional
+
     model, args = _model_and_inputs()
-    program = torch.export.export(model, args)
-    kept = program.run_decompositions()
+    kept = torch.export.export(model, args).run_decompositions()
     targets = {str(n.target) for n in kept.graph.nodes if n.op == "call_function"}
     assert {f"fusednorm.{name}.default" for name in PUBLIC} <= targets
 
-    table = torch.export.default_decompositions()
-    for name in PUBLIC:
-        op = getattr(OPS, name).default
-        table[op] = torch._decomp.decomposition_table[op]
-    aten = program.run_decompositions(table)
-    targets = {str(n.target) for n in aten.graph.nodes if n.op == "call_function"}
+    monkeypatch.setattr(functional, "_onnx_exporting", lambda: True)
+    program = torch.export.export(model, args)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert not [t for t in targets if "fusednorm" in t], targets
-    torch.testing.assert_close(aten.module()(*args), model(*args), rtol=1e-5, atol=1e-5)
+    assert "aten.native_layer_norm.default" in targets, targets
+    torch.testing.assert_close(program.module()(*args), model(*args), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("opset", [None, 23])

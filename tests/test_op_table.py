@@ -100,17 +100,16 @@ def test_vmap_rules_cover_the_public_ops():
 
 
 def test_decompositions_cover_the_public_ops():
-    """decompositions.py writes every public op with ATen ops (for torch.onnx.export), with
-    the op's own argument names, and only the public ops (the backend ops never reach an
-    exported graph)."""
+    """decompositions.py writes every public op with ATen ops (traced under
+    torch.onnx.export), with the op's own argument names; none is in torch._decomp's table,
+    where inductor, under CI=1, refuses the ops' fallback kernels."""
+    import inspect
+
     from torch._decomp import decomposition_table
 
     from fusednorm.ops import decompositions
 
-    ours = {op.name().split("::", 1)[1] for op in decomposition_table
-            if getattr(op, "namespace", None) == "fusednorm"}
-    assert ours == set(PUBLIC)
+    assert not [op for op in decomposition_table if getattr(op, "namespace", None) == "fusednorm"]
     for name in PUBLIC:
-        fn = decomposition_table[getattr(torch.ops.fusednorm, name).default]
-        assert fn is getattr(decompositions, name)
+        fn = getattr(decompositions, name)
         assert list(inspect.signature(fn).parameters) == [a.name for a in _schema(name).arguments]

@@ -6,14 +6,15 @@ call is one torch.ops call with no Python on its way. Each module here adds what
 needs, a fake kernel that says the output shapes without reading data (so that
 torch.compile(fullgraph=True) and torch.export see every op as one opaque node), and the
 op's OpOverload (None when the library did not load); batching.py adds vmap rules,
-decompositions.py the ops' ATen forms for torch.onnx.export.
+decompositions.py the ops' ATen forms, which fusednorm.functional traces instead of the
+ops under torch.onnx.export.
 A public op's fake kernel runs fusednorm.functional's checks of its arguments (imported
 when called: functional imports ops), so that under torch.compile a rejected argument fails
 while tracing with fusednorm's message, as a RuntimeError, as PyTorch's own ops do.
 """
 from . import backend  # noqa: F401  (registers the backend ops' fake kernels)
 from . import batching  # noqa: F401  (registers the forward ops' vmap rules)
-from . import decompositions  # noqa: F401  (registers the public ops' ATen forms, for ONNX)
+from . import decompositions  # noqa: F401  (the public ops' ATen forms, for ONNX export)
 from ._library import FAST
 from .add_layer_norm import ADD_LAYER_NORM
 from .add_rms_norm import ADD_RMS_NORM

@@ -1,9 +1,9 @@
-"""The public ops written with ATen ops, for exporters that turn a graph into another
-format and so cannot keep fusednorm's ops as nodes: torch.onnx.export decomposes every op
-its ONNX registry lacks by torch._decomp's table, which these join (LayerNorm becomes
+"""The public ops written with ATen ops, for torch.onnx.export: while it traces a model
+(torch.onnx.is_in_onnx_export()), fusednorm.functional calls these instead of the fused ops,
+so the exported graph holds ATen ops that ONNX has functions for (LayerNorm becomes
 ONNX's LayerNormalization, as nn.LayerNorm's export does; RMSNorm RMSNormalization from
-opset 23). torch.compile and
-torch.export keep the fused ops: neither reads that table unless asked.
+opset 23). Not in torch._decomp's table, which the ONNX exporter also reads: torch.compile
+(inductor) refuses, under CI=1, a fallback kernel for an op that has a decomposition there.
 
 Each gives the op's outputs (the statistics too) with its dtypes and shapes, in its
 computation type (float32; float64 for float64 inputs), rounded once, as the kernels.
@@ -13,19 +13,10 @@ dropout_p > 0 the decomposition raises; the modules pass 0 in eval mode.
 from __future__ import annotations
 
 import torch
-from torch._decomp import register_decomposition
 
 from ..errors import FusedValueError
 from ..reference import rms_eps
-from ._library import OPS, stats_dtype
-
-
-def _decomposes(name: str):
-    """Registers fn as the decomposition of torch.ops.fusednorm.<name>.default (nothing
-    without the library)."""
-    if OPS is None:
-        return lambda fn: fn
-    return register_decomposition(getattr(OPS, name).default)
+from ._library import stats_dtype
 
 
 def _weight(weight, zero_centered_weight, acc):
@@ -40,7 +31,6 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1)
 
 
-@_decomposes("layer_norm")
 def layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight=False):
     acc = stats_dtype(input.dtype)
     out, mean, rstd = torch.ops.aten.native_layer_norm.default(
@@ -49,7 +39,6 @@ def layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight=
     return out.to(input.dtype), _rows(mean), _rows(rstd)
 
 
-@_decomposes("rms_norm")
 def rms_norm(input, normalized_shape, weight, eps, zero_centered_weight=False):
     acc = stats_dtype(input.dtype)
     x = input.to(acc)
@@ -85,7 +74,6 @@ def _no_rng_state(input):
     return input.new_empty((0,), dtype=torch.int64)
 
 
-@_decomposes("add_layer_norm")
 def add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
                    zero_centered_weight=False, residual_dtype=None, dropout_p=0.0, rowscale=None):
     total = _sum("fusednorm.add_layer_norm", input, residual, len(normalized_shape),
@@ -94,7 +82,6 @@ def add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
     return out.to(input.dtype), total, mean, rstd, _no_rng_state(input)
 
 
-@_decomposes("add_rms_norm")
 def add_rms_norm(input, residual, normalized_shape, weight, eps, zero_centered_weight=False,
                  residual_dtype=None, dropout_p=0.0, rowscale=None):
     total = _sum("fusednorm.add_rms_norm", input, residual, len(normalized_shape), residual_dtype,
@@ -103,7 +90,6 @@ def add_rms_norm(input, residual, normalized_shape, weight, eps, zero_centered_w
     return out.to(input.dtype), total, rstd, _no_rng_state(input)
 
 
-@_decomposes("gelu_ffn")
 def gelu_ffn(input, weight1, bias1, weight2, bias2, approximate):
     hidden = torch.nn.functional.linear(input, weight1, bias1)
     out = torch.nn.functional.linear(torch.nn.functional.gelu(hidden, approximate=approximate),
@@ -111,7 +97,6 @@ def gelu_ffn(input, weight1, bias1, weight2, bias2, approximate):
     return out, hidden.reshape(-1, weight1.shape[0])
 
 
-@_decomposes("layer_norm_gelu_ffn")
 def layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2, bias2,
                         approximate):
     normed, mean, rstd = layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
