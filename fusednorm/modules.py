@@ -255,7 +255,38 @@ def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
     module.fc2 = nn.Linear(d_hidden, d_model, bias=bias, device=device, dtype=dtype)
 
 
-class FusedGeluFFN(nn.Module):
+class _FFNModule(nn.Module):
+    """What FusedGeluFFN and FusedLayerNormGeluFFN share: fc1 and fc2 (_add_ffn), the
+    choice between the fused op and the submodules (_fused_weights, each module's own test,
+    through _op_weights), and that choice made once for torch.jit.script."""
+
+    # Set by fusednorm.distributed.tp_plan's FFNBoundary: the hooks its ColwiseParallel and
+    # RowwiseParallel put on fc1 / fc2 serve the unfused form; the fused op reads the
+    # weights' shards and FFNBoundary lays out the input and output.
+    _tp_hooks_bypassed: bool = False
+
+    # torch.jit.script: whether forward calls the fused op or its submodules, decided as the
+    # module is scripted (__prepare_scriptable__), as eager forward decides at each call.
+    _script_fuses: bool = False
+    __constants__ = ["approximate", "_script_fuses"]
+
+    def _op_weights(self, fuses: bool):
+        """(w1, b1, w2, b2) of fc1 and fc2 when the module's own test allows the fused op
+        (fuses) and the op takes them (_op_takes), else None."""
+        if not fuses:
+            return None
+        w = (self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+        return w if _op_takes(*w) else None
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        self._script_fuses = self._fused_weights() is not None
+        return self
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class FusedGeluFFN(_FFNModule):
     """The transformer feed-forward block fc2(gelu(fc1(x))), computed by fusednorm's fused
     kernels: the same result as nn.Sequential(fc1, nn.GELU(approximate), fc2), with half of
     its saved activations (gelu's output is recomputed in the backward).
@@ -266,11 +297,6 @@ class FusedGeluFFN(nn.Module):
     Where calling fc1 and fc2 would do more than the fused op (a replaced submodule such as
     a LoRA or float8 layer, a hook on one, a quantized weight), forward calls them, unfused.
     """
-
-    # Set by fusednorm.distributed.tp_plan's FFNBoundary: the hooks its ColwiseParallel and
-    # RowwiseParallel put on fc1 / fc2 serve the unfused form; the fused op reads the
-    # weights' shards and FFNBoundary lays out the input and output.
-    _tp_hooks_bypassed: bool = False
 
     def __init__(
         self,
@@ -284,24 +310,10 @@ class FusedGeluFFN(nn.Module):
         super().__init__()
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
-    # torch.jit.script: whether forward calls the fused op or fc1 and fc2, decided as the
-    # module is scripted (__prepare_scriptable__), as eager forward decides at each call.
-    _script_fuses: bool = False
-    __constants__ = ["approximate", "_script_fuses"]
-
     def _fused_weights(self):
         """(w1, b1, w2, b2) where the fused op computes what calling fc1 and fc2 would (see
         _fuses, _op_takes), else None."""
-        fc1, fc2 = self.fc1, self.fc2
-        if _fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)):
-            w = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
-            if _op_takes(*w):
-                return w
-        return None
-
-    def __prepare_scriptable__(self) -> nn.Module:
-        self._script_fuses = self._fused_weights() is not None
-        return self
+        return self._op_weights(_fuses(self, (self.fc1, nn.Linear), (self.fc2, nn.Linear)))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if _scripting():
@@ -316,11 +328,8 @@ class FusedGeluFFN(nn.Module):
                 return functional.gelu_ffn(input, w1, b1, w2, b2, self.approximate)
         return self.fc2(nn.functional.gelu(self.fc1(input), approximate=self.approximate))
 
-    def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}"
 
-
-class FusedLayerNormGeluFFN(nn.Module):
+class FusedLayerNormGeluFFN(_FFNModule):
     """The pre-LN transformer feed-forward sub-block x + fc2(gelu(fc1(norm(x)))), with
     norm a LayerNorm over the last dim (d_model). Its backward recomputes norm(x) from x and
     the saved statistics instead of keeping it, and recomputes gelu's output as
@@ -331,8 +340,6 @@ class FusedLayerNormGeluFFN(nn.Module):
     and fc2, as in Transformer Engine's LayerNormMLP; the LayerNorm keeps its bias. As
     FusedGeluFFN, it calls its submodules, unfused, where that would do more than the fused op.
     """
-
-    _tp_hooks_bypassed: bool = False  # as FusedGeluFFN's
 
     def __init__(
         self,
@@ -349,23 +356,13 @@ class FusedLayerNormGeluFFN(nn.Module):
         self.norm = FusedLayerNorm(d_model, eps=eps, device=device, dtype=dtype)
         _add_ffn(self, d_model, d_hidden, bias, approximate, device, dtype)
 
-    _script_fuses: bool = False  # as FusedGeluFFN's
-    __constants__ = ["approximate", "_script_fuses"]
-
     def _fused_weights(self):
         """(w1, b1, w2, b2) where the fused op computes what calling norm, fc1 and fc2 would
         (as FusedGeluFFN's; not with a zero-centered norm weight), else None."""
-        norm, fc1, fc2 = self.norm, self.fc1, self.fc2
-        if _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear)) \
-                and not norm.zero_centered_weight:
-            w = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
-            if _op_takes(*w):
-                return w
-        return None
-
-    def __prepare_scriptable__(self) -> nn.Module:
-        self._script_fuses = self._fused_weights() is not None
-        return self
+        norm = self.norm
+        return self._op_weights(
+            _fuses(self, (norm, FusedLayerNorm), (self.fc1, nn.Linear), (self.fc2, nn.Linear))
+            and not norm.zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if _scripting():
@@ -381,6 +378,3 @@ class FusedLayerNormGeluFFN(nn.Module):
                     input, norm.weight, norm.bias, norm.eps, w1, b1, w2, b2, self.approximate)
         return input + self.fc2(nn.functional.gelu(self.fc1(self.norm(input)),
                                                    approximate=self.approximate))
-
-    def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}"
