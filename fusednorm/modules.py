@@ -245,6 +245,16 @@ def _op_takes(*params) -> bool:
     return True
 
 
+def _op_weights(fuses: bool, fc1: nn.Module, fc2: nn.Module):
+    """(w1, b1, w2, b2) of fc1 and fc2 when an FFN module's own test allows the fused op
+    (fuses) and the op takes them (_op_takes), else None. (fc1 and fc2 passed in: each
+    module attribute read costs nn.Module.__getattr__, a host-time cost per call.)"""
+    if not fuses:
+        return None
+    w = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
+    return w if _op_takes(*w) else None
+
+
 def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
              approximate: str, device, dtype) -> None:
     """module.approximate, and module.fc1 (d_model -> d_hidden, default 4 * d_model) and
@@ -256,9 +266,9 @@ def _add_ffn(module: nn.Module, d_model: int, d_hidden: int | None, bias: bool,
 
 
 class _FFNModule(nn.Module):
-    """What FusedGeluFFN and FusedLayerNormGeluFFN share: fc1 and fc2 (_add_ffn), the
-    choice between the fused op and the submodules (_fused_weights, each module's own test,
-    through _op_weights), and that choice made once for torch.jit.script."""
+    """What FusedGeluFFN and FusedLayerNormGeluFFN share: the choice between the fused op
+    and the submodules (_fused_weights, each module's own test, through _op_weights) made
+    once for torch.jit.script, the tensor-parallel flag, and extra_repr."""
 
     # Set by fusednorm.distributed.tp_plan's FFNBoundary: the hooks its ColwiseParallel and
     # RowwiseParallel put on fc1 / fc2 serve the unfused form; the fused op reads the
@@ -269,14 +279,6 @@ class _FFNModule(nn.Module):
     # module is scripted (__prepare_scriptable__), as eager forward decides at each call.
     _script_fuses: bool = False
     __constants__ = ["approximate", "_script_fuses"]
-
-    def _op_weights(self, fuses: bool):
-        """(w1, b1, w2, b2) of fc1 and fc2 when the module's own test allows the fused op
-        (fuses) and the op takes them (_op_takes), else None."""
-        if not fuses:
-            return None
-        w = (self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
-        return w if _op_takes(*w) else None
 
     def __prepare_scriptable__(self) -> nn.Module:
         self._script_fuses = self._fused_weights() is not None
@@ -313,7 +315,8 @@ class FusedGeluFFN(_FFNModule):
     def _fused_weights(self):
         """(w1, b1, w2, b2) where the fused op computes what calling fc1 and fc2 would (see
         _fuses, _op_takes), else None."""
-        return self._op_weights(_fuses(self, (self.fc1, nn.Linear), (self.fc2, nn.Linear)))
+        fc1, fc2 = self.fc1, self.fc2
+        return _op_weights(_fuses(self, (fc1, nn.Linear), (fc2, nn.Linear)), fc1, fc2)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if _scripting():
@@ -359,10 +362,10 @@ class FusedLayerNormGeluFFN(_FFNModule):
     def _fused_weights(self):
         """(w1, b1, w2, b2) where the fused op computes what calling norm, fc1 and fc2 would
         (as FusedGeluFFN's; not with a zero-centered norm weight), else None."""
-        norm = self.norm
-        return self._op_weights(
-            _fuses(self, (norm, FusedLayerNorm), (self.fc1, nn.Linear), (self.fc2, nn.Linear))
-            and not norm.zero_centered_weight)
+        norm, fc1, fc2 = self.norm, self.fc1, self.fc2
+        return _op_weights(
+            _fuses(self, (norm, FusedLayerNorm), (fc1, nn.Linear), (fc2, nn.Linear))
+            and not norm.zero_centered_weight, fc1, fc2)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if _scripting():
