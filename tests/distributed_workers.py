@@ -7,8 +7,10 @@ whole batches.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -49,43 +51,60 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, engine: str, batches, out_dir: str) -> None:
+def run_rank(rank: int, world_size: int, port: int, backend: str, body) -> None:
+    """One spawned rank: joins the process group, runs `body()`, meets its peers, leaves.
+
+    Every rank is done with every collective before any closes its connections (the
+    barrier). The process then ends without interpreter finalization: gloo's worker
+    threads can still hold tensors whose release takes the GIL of a finalizing
+    interpreter, which aborts the process ("terminate called without an active
+    exception"; pytorch/pytorch#179291). An exception still ends the rank with an error.
+    """
+    faulthandler.enable()  # a rank that crashes prints its Python stack to the test's output
     torch.set_num_threads(1)  # the processes share the machine's cores
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
-        model, _ = make_model_and_optimizer()
-        if engine == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            wrapped = DistributedDataParallel(model)
-        elif engine == "fsdp2":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = init_device_mesh("cpu", (world_size,))
-            for block in model.blocks:
-                fully_shard(block, mesh=mesh)
-            wrapped = fully_shard(model, mesh=mesh)
-            from torch.distributed.tensor import DTensor
-
-            assert all(isinstance(p, DTensor) for p in model.parameters()), "not sharded"
-        else:
-            raise ValueError(f"unknown engine {engine!r}")
-        # The optimizer is built after wrapping: FSDP2 replaces the parameters by shards.
-        optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR, momentum=0.9)
-        train(wrapped, optimizer, batches, rank, world_size)
-        state = {
-            name: value.full_tensor() if hasattr(value, "full_tensor") else value
-            for name, value in model.state_dict().items()
-        }
-        torch.save(state, Path(out_dir) / f"rank{rank}.pt")
-        # Every rank done with every collective before any closes its connections: a rank
-        # that tore down gloo while its peer was still finishing the last gather aborted
-        # the peer once in CI ("terminate called without an active exception").
+        body()
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _train_rank(rank: int, world_size: int, engine: str, batches, out_dir: str) -> None:
+    model, _ = make_model_and_optimizer()
+    if engine == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model)
+    elif engine == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import DTensor
+
+        mesh = init_device_mesh("cpu", (world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
+        assert all(isinstance(p, DTensor) for p in model.parameters()), "not sharded"
+    else:
+        raise ValueError(f"unknown engine {engine!r}")
+    # The optimizer is built after wrapping: FSDP2 replaces the parameters by shards.
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR, momentum=0.9)
+    train(wrapped, optimizer, batches, rank, world_size)
+    state = {
+        name: value.full_tensor() if hasattr(value, "full_tensor") else value
+        for name, value in model.state_dict().items()
+    }
+    torch.save(state, Path(out_dir) / f"rank{rank}.pt")
+
+
+def _worker(rank: int, world_size: int, port: int, engine: str, batches, out_dir: str) -> None:
+    run_rank(rank, world_size, port, "gloo",
+             lambda: _train_rank(rank, world_size, engine, batches, out_dir))
 
 
 def train_distributed(engine: str, batches, world_size: int = 2) -> list[dict[str, torch.Tensor]]:

@@ -7,7 +7,6 @@ any rank fails the spawning test with that rank's traceback.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
@@ -16,7 +15,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import gpt_example  # noqa: F401  (puts examples/ on sys.path: gpt_model, gpt_parallel)
-from distributed_workers import _free_port
+from distributed_workers import _free_port, run_rank
 
 # float32 results of a parallel run against one process: sums in another order.
 TOL = dict(atol=2e-5, rtol=1e-5)
@@ -408,17 +407,14 @@ def gpt_compiled_tensor_parallel(rank: int, world: int) -> None:
 def _worker(rank: int, world: int, port: int, names: list[str], device: str) -> None:
     global DEVICE
     DEVICE = device
-    torch.set_num_threads(1)  # the processes share the machine's cores
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     if device == "cuda":
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
-    try:
+
+    def body() -> None:
         for name in names:
             SCENARIOS[name](rank, world)
-        dist.barrier()  # no rank closes its connections while a peer still talks to it
-    finally:
-        dist.destroy_process_group()
+
+    run_rank(rank, world, port, "nccl" if device == "cuda" else "gloo", body)
 
 
 def run(names: list[str], world: int, device: str = "cpu") -> None:
