@@ -1,7 +1,7 @@
 #pragma once
-// dtype dispatch for ops that take an input and optional parameters (weight, bias).
-// Parameters have the input's dtype, or float for a half/bfloat16 input
-// (param_dtype_allowed, checks.h), so only those pairs are instantiated.
+// dtype dispatch for the ops' kernels: an input dtype and a second dtype that is the
+// input's, or float beside a half/bfloat16 input (the parameters: param_dtype_allowed, and
+// the add ops' sum: sum_dtype_allowed, checks.h), so only those pairs are instantiated.
 
 #include <ATen/Dispatch.h>
 
@@ -13,12 +13,12 @@ template <typename T>
 constexpr bool kIsReducedFloat =
     std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
 
-// Calls fn(scalar_t{}, param_t{}) with the C++ types of the input and parameter dtypes.
+// Calls fn(scalar_t{}, second_t{}) with the C++ types of the input dtype and the second.
 template <typename Fn>
-void dispatch_input_and_param(at::ScalarType input, at::ScalarType param, Fn&& fn) {
+void dispatch_dtype_pair(at::ScalarType input, at::ScalarType second, Fn&& fn) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input, "fusednorm", [&] {
     if constexpr (kIsReducedFloat<scalar_t>) {
-      if (param == at::kFloat) return fn(scalar_t{}, float{});
+      if (second == at::kFloat) return fn(scalar_t{}, float{});
     }
     return fn(scalar_t{}, scalar_t{});
   });

@@ -30,7 +30,7 @@ Tensor4 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
   // T: the input's (and dx's) type; D: dy's, the norm output's (T's, or 16-bit beside a
   // float32 sum); the parameters follow D.
   const bool wide_input = input.scalar_type() != grad_out.scalar_type();
-  dispatch_input_and_param(
+  dispatch_dtype_pair(
       grad_out.scalar_type(), param_dtype(weight, bias, grad_out), [&](auto dy_tag, auto param_tag) {
        dispatch_bool(wide_input, [&](auto wide) {
         using D = decltype(dy_tag);

@@ -99,18 +99,6 @@ void dispatch_norm_flags(bool centered, bool has_weight, bool has_bias, Fn&& fn)
   });
 }
 
-// Calls fn(T{}, S{}): the C++ type of the input and of the sum (the input's, or float beside
-// a float16/bfloat16 input: sum_dtype_allowed).
-template <typename Fn>
-void dispatch_input_and_sum(at::ScalarType input, at::ScalarType sum, Fn&& fn) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input, "fusednorm", [&] {
-    if constexpr (kIsReducedFloat<scalar_t>) {
-      if (sum == at::kFloat) return fn(scalar_t{}, float{});
-    }
-    return fn(scalar_t{}, scalar_t{});
-  });
-}
-
 // The multipliers of a norm_fwd call with dropout_p and rowscale whose mask is keyed by
 // (seed, offset) (unused when dropout_p is 0).
 template <typename acc_t>

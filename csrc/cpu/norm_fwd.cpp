@@ -122,7 +122,7 @@ Tensor4 norm_fwd(const at::Tensor& input, const OptTensor& residual, const OptTe
   const int64_t M = input.size(0), N = input.size(1);
   const at::ScalarType sum_type = sum_dtype.value_or(input.scalar_type());
   Tensor4 result;
-  dispatch_input_and_sum(input.scalar_type(), sum_type, [&](auto input_tag, auto sum_tag) {
+  dispatch_dtype_pair(input.scalar_type(), sum_type, [&](auto input_tag, auto sum_tag) {
     using T = decltype(input_tag);
     using S = decltype(sum_tag);
     using acc_t = acc_type<T>;
@@ -168,7 +168,7 @@ at::Tensor dropout_scale(const at::Tensor& grad, const OptTensor& rowscale,
   check_dropout_scale_args(grad, rowscale, rng_state, dropout_p, dtype);
   const int64_t M = grad.size(0), N = grad.size(1);
   at::Tensor out = at::empty_like(grad, grad.options().dtype(dtype));
-  dispatch_input_and_sum(dtype, grad.scalar_type(), [&](auto out_tag, auto grad_tag) {
+  dispatch_dtype_pair(dtype, grad.scalar_type(), [&](auto out_tag, auto grad_tag) {
     using O = decltype(out_tag);
     using G = decltype(grad_tag);
     using acc_t = acc_type<O>;

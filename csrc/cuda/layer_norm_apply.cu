@@ -143,7 +143,7 @@ at::Tensor layer_norm_apply(const at::Tensor& input, const at::Tensor& mean,
   const c10::cuda::OptionalCUDAGuard device_guard(input.device());
   at::Tensor out = at::empty_like(input);
   if (out.numel() == 0) return out;
-  dispatch_input_and_param(
+  dispatch_dtype_pair(
       input.scalar_type(), param_dtype(weight, bias, input),
       [&](auto input_tag, auto param_tag) {
         using T = decltype(input_tag);

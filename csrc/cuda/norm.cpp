@@ -175,7 +175,7 @@ void launch_typed(const at::Tensor& input, const std::optional<at::Tensor>& weig
   TensorWorkspace workspace(input);
   const DeviceInfo dev = device_info(input);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_input_and_param(input.scalar_type(), param_dtype(weight, bias, input),
+  dispatch_dtype_pair(input.scalar_type(), param_dtype(weight, bias, input),
                            [&](auto input_tag, auto param_tag) {
                              launch(make_args(input_tag, param_tag), centered, workspace, dev,
                                     stream);

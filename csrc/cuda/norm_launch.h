@@ -23,7 +23,7 @@ using acc_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 // The dtypes the kernels are compiled for: X(input's file tag, T, P, IO). T: what is
 // normalized (the input; the sum with a residual) and the backward's x and dx; P: the
 // parameters'; IO: the forward's x and y and the backward's dy. The pairs that
-// dispatch_input_and_param (common/dispatch.h) gives have IO = T; the last two are a float32
+// dispatch_dtype_pair (common/dispatch.h) gives have IO = T; the last two are a float32
 // residual stream (residual_dtype) beside 16-bit inputs: a float sum and float parameters
 // (norm.cpp widens 16-bit ones), 16-bit x, y and dy. setup.py makes one compiled file per
 // tag (f32, f64, f16, bf16), kind and pass.
