@@ -30,9 +30,10 @@ _dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _onnx_exporting() -> bool:
-    """True while torch.onnx.export traces (its exporter runs torch.export non-strict, so the
-    direct entries answer NotImplemented and _call reaches this check). torch.onnx is not
-    imported for it (25 ms): an export has imported it."""
+    """True while torch.onnx.export traces: with dynamo=True it runs torch.export non-strict,
+    with dynamo=False the JIT tracer; the direct entries answer NotImplemented under both, so
+    _call reaches this check. torch.onnx is not imported for it (25 ms): an export has
+    imported it."""
     onnx = sys.modules.get("torch.onnx")
     return onnx is not None and onnx.is_in_onnx_export()
 
@@ -256,7 +257,11 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
         check(*args)  # raises, naming zero_centered_weight
     if not _dynamo_compiling() and _onnx_exporting():
         # ONNX has no function for fusednorm's ops: trace their ATen form (ops.decompositions).
-        check(*args)
+        with warnings.catch_warnings():
+            # The checks read the sizes as the constants of the trace that they are, which the
+            # JIT tracer (dynamo=False) would warn of.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            check(*args)
         result = getattr(ops.decompositions, name)(*args)
         return result[0] if outputs == 1 else tuple(result[:outputs])
     op = getattr(ops, name.upper())

@@ -128,6 +128,24 @@ def test_entry_declines_subclasses_and_modes(name):
 
 
 @needs_fast
+@pytest.mark.parametrize("name", list(_calls(_args("cpu"))))
+def test_entry_declines_under_the_jit_tracer(name):
+    """While torch.jit.trace runs (also the TorchScript-based ONNX exporter), the functions
+    decide on the torch.ops path: fused op or, in an ONNX export, its ATen form."""
+    args, _, _ = _calls(_args("cpu"))[name]
+    entry = getattr(ops.FAST, name)
+    answers = []
+
+    def traced(x):
+        answers.append(entry(x, *args[1:]))
+        return x + 1
+
+    torch.jit.trace(traced, (args[0],), check_trace=False)
+    assert answers == [NotImplemented]
+    assert entry(*args) is not NotImplemented
+
+
+@needs_fast
 def test_functions_keep_torch_function_semantics():
     """Through the functions, a subclass's __torch_function__ and an active mode still see
     the fusednorm op, as they did before the direct entries existed."""

@@ -5,8 +5,12 @@ CPU, every dtype, parameter case and add-op option; a model traced that way hold
 fusednorm node and computes what the model does; torch.export otherwise keeps the fused
 ops. With onnxscript and onnxruntime installed (not fusednorm's
 dependencies), a model of every module exports with a dynamic batch and runs in
-onnxruntime, and so does a small Llama-style transformers model with its norms swapped."""
+onnxruntime, and so does a small Llama-style transformers model with its norms swapped.
+The TorchScript-based exporter (dynamo=False) traces with the JIT tracer, under which the
+same routing holds; torch.jit.trace alone keeps the fused ops."""
 from __future__ import annotations
+
+import io
 
 import pytest
 import torch
@@ -63,6 +67,29 @@ def test_layer_norm_and_rms_norm(dtype, affine):
     _check("layer_norm", (random_input((2, 3, 4), dtype, "cpu", seed=5), [3, 4], None, None, 1e-5,
                           False))
     _check("rms_norm", (x[:0], [37], w, None, zc))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", ["wb", "w", "none", "zero centered"])
+def test_norm_forms_under_the_jit_tracer(dtype, affine):
+    """The forms the TorchScript exporter traces (aten.layer_norm; RMSNorm's primitives):
+    every output as the op's, in the traced function too."""
+    x = random_input((3, 5, 37), dtype, "cpu", seed=1)
+    w = random_input((37,), dtype, "cpu", seed=2) if affine != "none" else None
+    b = random_input((37,), dtype, "cpu", seed=3) if affine in ("wb", "zero centered") else None
+    zc = affine == "zero centered"
+    for name, rest in (("layer_norm", ([37], w, b, 1e-5, zc)), ("rms_norm", ([37], w, None, zc)),
+                       ("rms_norm", ([37], w, 1e-3, zc))):
+        form = getattr(decompositions, name)
+        traced = torch.jit.trace(lambda t, form=form, rest=rest: form(t, *rest), (x,),
+                                 check_trace=False)
+        kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+        assert "aten::rms_norm" not in kinds, kinds
+        assert ("aten::layer_norm" in kinds) == (name == "layer_norm"), kinds
+        want = getattr(OPS, name)(x, *rest)
+        for got in (traced(x), form(x, *rest)):
+            for g, w_ in zip(got, want):
+                _close(g, w_)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -165,6 +192,41 @@ def test_onnx_export_runs_in_onnxruntime(opset):
         r = random_input((rows, 5, 16), torch.float32, "cpu", seed=4)
         (got,) = program(x, r)
         torch.testing.assert_close(got, model(x, r), rtol=1e-4, atol=1e-4)
+
+
+def test_jit_trace_keeps_the_fused_ops():
+    """torch.jit.trace outside an ONNX export: each op one node of the traced graph, as the
+    eager calls run them."""
+    model, args = _model_and_inputs()
+    traced = torch.jit.trace(model, args)
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    assert {f"fusednorm::{name}" for name in PUBLIC} <= kinds, kinds
+    assert "aten::layer_norm" not in kinds and "aten::native_layer_norm" not in kinds, kinds
+    x, r = (random_input((7, 5, 16), torch.float32, "cpu", seed=s) for s in (3, 4))
+    torch.testing.assert_close(traced(x, r), model(x, r))
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+def test_torchscript_onnx_export_runs_in_onnxruntime(opset):
+    """The TorchScript-based exporter (dynamo=False): LayerNorm as LayerNormalization from
+    opset 17 (as nn.LayerNorm), primitives below it; RMSNorm as primitives (nn.RMSNorm does
+    not export there); a dynamic batch."""
+    why = "the onnx extra (bash scripts/install.sh test,onnx; scripts/test.sh installs it)"
+    onnx = pytest.importorskip("onnx", reason="reading the exported graph needs " + why)
+    onnxruntime = pytest.importorskip("onnxruntime", reason="running the model needs " + why)
+    model, args = _model_and_inputs()
+    buffer = io.BytesIO()
+    torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset,
+                      input_names=["x", "residual"], output_names=["out"],
+                      dynamic_axes={"x": {0: "batch"}, "residual": {0: "batch"}})
+    ops = {node.op_type for node in onnx.load_from_string(buffer.getvalue()).graph.node}
+    assert ("LayerNormalization" in ops) == (opset >= 17), ops
+    session = onnxruntime.InferenceSession(buffer.getvalue())
+    for rows in (2, 7):
+        x = random_input((rows, 5, 16), torch.float32, "cpu", seed=3)
+        r = random_input((rows, 5, 16), torch.float32, "cpu", seed=4)
+        (got,) = session.run(None, {"x": x.numpy(), "residual": r.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), model(x, r), rtol=1e-4, atol=1e-4)
 
 
 def test_onnx_export_of_a_swapped_transformers_model():

@@ -10,7 +10,9 @@
 // Every entry returns NotImplemented, and the caller takes the torch.ops path, whenever it
 // would differ from that path: an argument of another type than the plain one (a Tensor
 // subclass, a SymInt, a bool for an int), a __torch_function__ override or mode in effect,
-// or any C++ error (the torch.ops path raises it again, with fusednorm's explanation).
+// the JIT tracer running (torch.jit.trace, and the TorchScript-based ONNX exporter, for
+// which fusednorm.functional traces the ops' ATen forms), or any C++ error (the torch.ops
+// path raises it again, with fusednorm's explanation).
 // A Python exception raised inside the op (by a hook or a mode) propagates as is.
 //
 // One entry per public op of csrc/op_table.h, generated from its signature there.
@@ -23,6 +25,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/util/SmallVector.h>
@@ -273,6 +276,7 @@ struct Entry<Op, Result(Args...)> {
  private:
   template <std::size_t... I>
   static PyObject* call_with(PyObject* const* args, std::index_sequence<I...>) {
+    if (torch::jit::tracer::isTracing()) return not_implemented();
     std::tuple<ArgSlot<Args>...> slots;
     if (!(std::get<I>(slots).parse(args[I]) && ...)) return not_implemented();
     return run([&] { return Op::handle().call(std::get<I>(slots).pass()...); },

@@ -5,6 +5,11 @@ ONNX's LayerNormalization, as nn.LayerNorm's export does; RMSNorm RMSNormalizati
 opset 23). Not in torch._decomp's table, which the ONNX exporter also reads: torch.compile
 (inductor) refuses, under CI=1, a fallback kernel for an op that has a decomposition there.
 
+The TorchScript-based exporter (dynamo=False) traces with the JIT tracer
+(torch.jit.is_tracing()) and has its own table of ONNX functions: LayerNormalization for
+aten::layer_norm (opset 17 on), primitives for aten::native_layer_norm, nothing for
+aten::rms_norm (nn.RMSNorm does not export there); for it the norms are written with those.
+
 Each gives the op's outputs (the statistics too) with its dtypes and shapes, in its
 computation type (float32; float64 for float64 inputs), rounded once, as the kernels.
 The add ops' dropout has no ATen form (its mask is fusednorm's Philox stream): with
@@ -33,9 +38,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def layer_norm(input, normalized_shape, weight, bias, eps, zero_centered_weight=False):
     acc = stats_dtype(input.dtype)
-    out, mean, rstd = torch.ops.aten.native_layer_norm.default(
-        input.to(acc), normalized_shape, _weight(weight, zero_centered_weight, acc),
-        None if bias is None else bias.to(acc), eps)
+    x, weight = input.to(acc), _weight(weight, zero_centered_weight, acc)
+    bias = None if bias is None else bias.to(acc)
+    out, mean, rstd = torch.ops.aten.native_layer_norm.default(x, normalized_shape, weight, bias,
+                                                               eps)
+    if torch.jit.is_tracing():  # the TorchScript exporter: aten::layer_norm, the ONNX op
+        out = torch.ops.aten.layer_norm.default(x, normalized_shape, weight, bias, eps)
     return out.to(input.dtype), _rows(mean), _rows(rstd)
 
 
@@ -43,12 +51,14 @@ def rms_norm(input, normalized_shape, weight, eps, zero_centered_weight=False):
     acc = stats_dtype(input.dtype)
     x = input.to(acc)
     eps = rms_eps(input.dtype) if eps is None else eps
-    # aten.rms_norm: ONNX's RMSNormalization from opset 23, its own decomposition below.
-    out = torch.ops.aten.rms_norm.default(x, normalized_shape,
-                                          _weight(weight, zero_centered_weight, acc), eps)
+    weight = _weight(weight, zero_centered_weight, acc)
     # (Most graphs leave rstd unused, and the exporter drops it.)
     dims = tuple(range(-len(normalized_shape), 0))
     rstd = torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+    if torch.jit.is_tracing():  # the TorchScript exporter, which has no aten::rms_norm
+        out = x * rstd if weight is None else x * rstd * weight
+    else:  # aten.rms_norm: ONNX's RMSNormalization from opset 23, its own decomposition below
+        out = torch.ops.aten.rms_norm.default(x, normalized_shape, weight, eps)
     return out.to(input.dtype), _rows(rstd)
 
 
