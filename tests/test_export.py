@@ -1,15 +1,18 @@
 """torch.export of models built from fusednorm's modules: strict and non-strict (the
 default) tracing keep every fused op as one graph node, dynamic shapes included, and the
-exported program computes what the module does, also after a save / load round trip."""
+exported program computes what the module does, also after a save / load round trip and
+compiled ahead of time by AOTInductor."""
 from __future__ import annotations
 
 import io
+import json
+import zipfile
 
 import pytest
 import torch
 
 import fusednorm
-from conftest import random_input
+from conftest import DEVICES, random_input
 
 D = 16
 
@@ -60,3 +63,28 @@ def test_export_keeps_every_fused_op(strict):
         want = model(x, r)
         assert torch.equal(program.module()(x, r), want)
         assert torch.equal(loaded.module()(x, r), want)
+
+
+@pytest.mark.slow  # compiles a C++ wrapper (about 10 s)
+@pytest.mark.parametrize("device", DEVICES)
+def test_aot_inductor_package_calls_the_fused_ops(device, tmp_path):
+    """AOTInductor (torch._inductor.aoti_compile_and_package) keeps each fused op as an extern
+    call of the op (its proxy executor: the process has imported fusednorm), dynamic batch
+    included, and the loaded package computes what the module does."""
+    torch.manual_seed(0)
+    model = Block().to(device).eval()
+    x = random_input((2, 5, D), torch.float32, device)
+    r = random_input((2, 5, D), torch.float32, device, seed=1)
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(model, (x, r), dynamic_shapes=({0: batch}, {0: batch}))
+    path = torch._inductor.aoti_compile_and_package(program,
+                                                    package_path=str(tmp_path / "block.pt2"))
+    with zipfile.ZipFile(path) as package:
+        (wrapper,) = [n for n in package.namelist() if n.endswith(".wrapper.json")]
+        extern = {node["node"]["target"] for node in json.loads(package.read(wrapper))["nodes"]}
+    assert {f"fusednorm::{op}" for op in OPS} <= extern, extern
+    loaded = torch._inductor.aoti_load_package(path)
+    for rows in (2, 7):
+        x = random_input((rows, 5, D), torch.float32, device, seed=2)
+        r = random_input((rows, 5, D), torch.float32, device, seed=3)
+        torch.testing.assert_close(loaded(x, r), model(x, r))
