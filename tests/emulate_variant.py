@@ -8,9 +8,9 @@ tests' builds), which then runs the emulation tests' cases (tests/test_emulation
 every pass the question's units take, for every dtype pair: each bucket and one past it,
 one-element packs, misaligned views, every parameter case, RMSNorm and the residual
 variants, chunked rows in three launches, clustered and capped-cluster rows, rows far from
-zero, and (forward) dropout / (backward) the input gradient. Chunks are cut at the variant's
-own largest rows, as its harness reports them, so each chunked case takes the path it is
-meant to. Prints a line per variant and pass and exits 1 if any case failed.
+zero, and (forward) dropout and a statistics' shift beside or among outliers / (backward)
+the input gradient. Chunks are cut at the variant's own largest rows, as its harness
+reports them, so each chunked case takes the path it is meant to. Prints a line per variant and pass and exits 1 if any case failed.
 
 Not run by CI (a build of the harness a variant, about 2 minutes on two cores): its record
 is the variant's entry in docs/perf-notes.md.
@@ -56,6 +56,7 @@ def pass_cases(pass_: str, t: str, p: str) -> tuple[list[str], list[tuple[str, i
             launched.append((" ".join(tokens) + " " + variant, clustered))
     if pass_ == "fwd":
         launched += emu.dropout_cases(t, p, "res")
+        launched += emu.outlier_cases(t, p) + emu.outlier_cases(t, p, "outliers")
     else:
         launched += emu.xgrad_cases(t, p, "res", ["xgrad drop=0.5 rowscale"])
         launched += emu.xgrad_cases(t, p, "", ["xgrad rowscale"])

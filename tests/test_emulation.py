@@ -338,11 +338,12 @@ def test_emulated_float32_residual_stream(harness, pass_, t, p, variant):
         harness, [(f"{pass_} {t} {p} 3 {2 * big} w 0 0 shuffle 2 clusters {f}", 1) for f in flags])
 
 
-def outlier_cases(t, p):
+def outlier_cases(t, p, extra_kind="outlier"):
     """(case line, expected clustered launches) of LayerNorm forwards whose rows each have
     one of their first three values 1000 times the row's scale from the rest (which one
-    varies by row): the 16-byte and one-element paths, the chunked three-launch path (its
-    merge kernel finds the shift again) and the clustered one, with and without a residual."""
+    varies by row; "outliers": two of them, so that the statistics' shift is one): the
+    16-byte and one-element paths, the chunked three-launch path (its merge kernel finds the
+    shift again) and the clustered one, with and without a residual."""
     vec = 16 // SIZE[t]
     big = largest_row("fwd", t, True)
     sizes = [(256 * vec, "", 0), (1000 * vec, "", 0), (4095, "", 0), (2 * big, "", 0),
@@ -350,7 +351,7 @@ def outlier_cases(t, p):
              (512 * vec, " res", 0),
              (2 * big, " res", 0)]
     return [(f"fwd {t} {p} {rows_for(n)} {n} {AFFINE[i % len(AFFINE)]} 0 0 "
-             f"{ORDERS[i % len(ORDERS)]} 2{extra} outlier", clustered)
+             f"{ORDERS[i % len(ORDERS)]} 2{extra} {extra_kind}", clustered)
             for i, (n, extra, clustered) in enumerate(sizes)]
 
 
@@ -362,6 +363,15 @@ def test_emulated_layer_norm_outlier_first_values(harness, t, p):
     units in every output (float32 and float64 failed here before)."""
     cases = outlier_cases(t, p)
     check_ok_with_cluster_launches(harness, cases)
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_layer_norm_shift_among_outliers(harness, t, p):
+    """Two features far from the others among a row's first three values, so that the
+    statistics' shift (their median) sits 1000 times the row's scale from its mean: the
+    statistics within the usual bound of float64 (the forward's shifted sums, where a GPU
+    variant takes them, pass over such a row twice)."""
+    check_ok_with_cluster_launches(harness, outlier_cases(t, p, "outliers"))
 
 
 def far_cases(pass_, t, p):
@@ -575,23 +585,58 @@ def test_emulated_backward_input_grad_float32_sum(harness, t, p, variant):
         harness, xgrad_cases(t, p, variant, ["xgrad", "xgrad drop=0.5 rowscale"]))
 
 
-@pytest.fixture(scope="module")
-def row_state_harness(tmp_path_factory):
-    """The harness built on a copy of csrc/ with norm_config.cuh's kBwdSharedSums and
-    kBwdNextRow on for every one-row backward kernel (production: float's clustered rows
-    only), the tree the CUDA A/B tool's add_bwd_long_rows variants start from, so that what a
-    GPU times is what passed here."""
-    sys.path.insert(0, REPO)
-    from benchmarks.cuda_ab.variants import BWD_ROW_STATE_EVERYWHERE, apply_edits
+def _edited_harness(tmp_path_factory, name, edits):
+    """The harness built on a copy of csrc/ with the CUDA A/B tool's edits made (each must
+    change its file)."""
+    from benchmarks.cuda_ab.variants import apply_edits
 
-    csrc = tmp_path_factory.mktemp("row_state") / "csrc"
+    csrc = tmp_path_factory.mktemp(name) / "csrc"
     shutil.copytree(os.path.join(REPO, "csrc"), csrc)
-    edits = BWD_ROW_STATE_EVERYWHERE
     files = {e.path: (csrc / e.path).read_text() for e in edits}
     for path, text in apply_edits(files, edits).items():
         assert text != files[path]
         (csrc / path).write_text(text)
     return build_harness(CACHE, csrc=str(csrc))
+
+
+@pytest.fixture(scope="module")
+def row_state_harness(tmp_path_factory):
+    """The harness with norm_config.cuh's kBwdSharedSums and kBwdNextRow on for every
+    one-row backward kernel (production: float's clustered rows only), the tree the CUDA A/B
+    tool's add_bwd_long_rows variants start from, so that what a GPU times is what passed
+    here."""
+    sys.path.insert(0, REPO)
+    from benchmarks.cuda_ab.variants import BWD_ROW_STATE_EVERYWHERE
+
+    return _edited_harness(tmp_path_factory, "row_state", BWD_ROW_STATE_EVERYWHERE)
+
+
+@pytest.fixture(scope="module")
+def shifted_sums_harness(tmp_path_factory):
+    """The harness with norm_config.cuh's kFwdShiftedSums on for 16-bit inputs (production:
+    off), the CUDA A/B tool's fwd16_shifted_sums variant."""
+    sys.path.insert(0, REPO)
+    from benchmarks.cuda_ab.variants import QUESTIONS
+
+    edits = QUESTIONS["fwd16_shifted_sums"].variants["shifted_sums"]
+    return _edited_harness(tmp_path_factory, "shifted_sums", edits)
+
+
+SIXTEEN_BIT_PAIRS = [(t, p) for t, p in PAIRS if SIZE[t] == 2]
+
+
+@pytest.mark.parametrize("t, p", SIXTEEN_BIT_PAIRS, ids=[f"{t}-{p}" for t, p in SIXTEEN_BIT_PAIRS])
+def test_emulated_forward_shifted_sums(shifted_sums_harness, t, p):
+    """The 16-bit LayerNorm forward with its statistics from shifted sums, in every path
+    (buckets, one-element packs, misaligned views, chunked and clustered rows, the residual
+    variants, rows far from zero, dropout), and rows whose shift sits among outliers, which
+    take its second pass (without that pass they fail here)."""
+    check_all_ok(shifted_sums_harness,
+                 cases_for("fwd", t, p)
+                 + [line for v in VARIANTS for line in family_cases("fwd", t, p, v)])
+    check_ok_with_cluster_launches(
+        shifted_sums_harness, cluster_cases("fwd", t, p) + far_cases("fwd", t, p)
+        + outlier_cases(t, p) + outlier_cases(t, p, "outliers") + dropout_cases(t, p, "res"))
 
 
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])

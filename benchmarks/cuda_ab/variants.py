@@ -117,6 +117,11 @@ _GRAD_SUM_CLUSTERS_OF_256 = Edit(
     CONFIG, "{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}, {512, 2}};",
     "{{32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}};")
 
+# The 16-bit LayerNorm forward's statistics from shifted sums (kFwdShiftedSums on for T of 2
+# bytes; float32 and float64 keep Welford's lanes).
+_FWD16_SHIFTED_SUMS = Edit(CONFIG, "template <typename T>\nconstexpr bool kFwdShiftedSums = false;",
+                           "template <typename T>\nconstexpr bool kFwdShiftedSums = sizeof(T) == 2;")
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -203,6 +208,19 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
             "clusters_of_256": (_BWD16_CLUSTERS_OF_256, _GRAD_SUM_CLUSTERS_OF_256),
             "clusters_of_256_row_state": (_BWD16_CLUSTERS_OF_256, _GRAD_SUM_CLUSTERS_OF_256,
                                           _BWD16_CLUSTER_ROW_STATE),
+        }),
+    Question(
+        "fwd16_shifted_sums",
+        "H200, 2026-11-27 (eighth run): the 16-bit LayerNorm forward reaches 86-95% of copy "
+        "where RMSNorm's reaches 94-97%, and the kernels are bound by their instruction "
+        "issue. Per element, Welford's lanes take 5 operations (shift, delta, mean, v - mean, "
+        "m2) and two reductions in turn; shifted sums take 3 (shift, sum, fma) and one "
+        "reduction of two values, a second pass over the registers only for a row whose "
+        "shift sits more than 4 standard deviations from its mean. Do they bring LayerNorm "
+        "to RMSNorm's speed?",
+        _units(["layer_norm"], ["fwd"], ["bf16", "f16"]),
+        {
+            "shifted_sums": (_FWD16_SHIFTED_SUMS,),
         }),
 )}
 

@@ -109,6 +109,14 @@ constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 template <int VEC>
 constexpr int kWelfordLanes = VEC < 4 ? VEC : 4;
 
+// Whether the LayerNorm forward of T takes a row's statistics from shifted sums (v = x -
+// shift: sum(v) and sum(v^2), 3 operations an element where Welford's lanes take 5, and one
+// reduction of both instead of two in turn; shifted_sums_summary) instead of Welford's
+// lanes. Off: an A/B question (benchmarks/cuda_ab, fwd16_shifted_sums) until a GPU times it;
+// the emulation runs it on.
+template <typename T>
+constexpr bool kFwdShiftedSums = false;
+
 // Threads of the per-row merge kernels (a warp per row).
 constexpr int kMergeThreads = 128;
 

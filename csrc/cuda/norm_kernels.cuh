@@ -196,6 +196,55 @@ __device__ __forceinline__ WelfordState<acc_t> row_merge_counted(const WelfordSt
   return s;
 }
 
+// The row's summary of a thread's valid packs from shifted sums (kFwdShiftedSums), the same
+// bits in every thread of the row: v = x - shift, sum(v) and sum(v^2) reduced together, mean = sum / count, m2 = sum(v^2) - sum * mean. The difference
+// keeps its precision while the shift is within 4 standard deviations of the mean (mean^2 <=
+// 16 variance: m2 >= sum(v^2) / 17); a row past that (a shift among outliers) takes a second
+// pass over its registers, m2 = sum((v - mean)^2). Every row of the block (of the warp, for a
+// row per warp) takes that pass when one needs it, so that its reduction's barrier and
+// shuffles are reached by all threads. red: this row's 3 * kWarps slots (as for row_sums).
+template <int kWarps, int kRows, typename T, int VEC, int ITEMS, typename acc_t>
+__device__ __forceinline__ WelfordState<acc_t> shifted_sums_summary(
+    const Pack<T, VEC> (&xs)[ITEMS], int valid, acc_t shift, acc_t count, acc_t inv_count,
+    acc_t* red) {
+  acc_t sums[2] = {0, 0};  // sum(v), sum(v^2)
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (i < valid) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const acc_t v = pack_acc(xs[i], e) - shift;
+        sums[0] += v;
+        sums[1] = fma_acc(v, v, sums[1]);
+      }
+    }
+  }
+  row_sums<kWarps>(sums, red);
+  WelfordState<acc_t> s;
+  s.count = count;
+  s.mean = sums[0] * inv_count;
+  s.m2 = fma_acc(-sums[0], s.mean, sums[1]);
+  // count * mean^2 > 16/17 sum(v^2), i.e. mean^2 > 16 variance.
+  bool again = acc_t(17) * sums[0] * s.mean > acc_t(16) * sums[1];
+  if constexpr (kWarps > 1 && kRows > 1) again = __syncthreads_or(again);
+  if (again) {
+    acc_t m2[1] = {0};
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (i < valid) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const acc_t d = (pack_acc(xs[i], e) - shift) - s.mean;
+          m2[0] = fma_acc(d, d, m2[0]);
+        }
+      }
+    }
+    row_sums<kWarps>(m2, red + 2 * kWarps);
+    s.m2 = m2[0];
+  }
+  return s;
+}
+
 // The row's summary over the blocks of a cluster (each holds one chunk), merged in block-rank
 // order: the same bits in every thread of every block. slot: this block's 3 words for the
 // row, in a buffer that no block has read since the previous cluster barrier (the callers
@@ -592,37 +641,43 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
         rstd = inverse_sqrt(sum_sq * p.inv_n + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) p.rstd[row] = rstd;
       } else if (mode != kApply) {
-        // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
-        // packs in order, so every update's 1/count is a compile-time constant.
-        constexpr int kLanes = kWelfordLanes<VEC>;
-        acc_t lane_mean[kLanes], lane_m2[kLanes];
+        WelfordState<acc_t> s;
+        if constexpr (kFwdShiftedSums<T>) {
+          s = shifted_sums_summary<Layout::kWarps, Layout::kRows>(xs, valid, shift, acc_t(len),
+                                                                  inv_len, red[parity][slot]);
+        } else {
+          // Welford per lane. Lane l's k-th value is element l + k * kLanes of the thread's
+          // packs in order, so every update's 1/count is a compile-time constant.
+          constexpr int kLanes = kWelfordLanes<VEC>;
+          acc_t lane_mean[kLanes], lane_m2[kLanes];
 #pragma unroll
-        for (int l = 0; l < kLanes; ++l) lane_mean[l] = lane_m2[l] = 0;
+          for (int l = 0; l < kLanes; ++l) lane_mean[l] = lane_m2[l] = 0;
 #pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-          if (i < valid) {
+          for (int i = 0; i < ITEMS; ++i) {
+            if (i < valid) {
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              constexpr int kPerPack = VEC / kLanes;
-              const int l = e % kLanes;
-              const acc_t inv_count = acc_t(1) / acc_t(i * kPerPack + e / kLanes + 1);
-              const acc_t v = pack_acc(xs[i], e) - shift;
-              if (i == 0 && e < kLanes) {
-                // A lane's first value: mean v, m2 0, what the update gives for a finite v
-                // (an infinite one makes the row's statistics NaN either way), 3 operations
-                // fewer.
-                lane_mean[l] = v;
-              } else {
-                const acc_t delta = v - lane_mean[l];
-                lane_mean[l] = fma_acc(delta, inv_count, lane_mean[l]);
-                lane_m2[l] = fma_acc(delta, v - lane_mean[l], lane_m2[l]);
+              for (int e = 0; e < VEC; ++e) {
+                constexpr int kPerPack = VEC / kLanes;
+                const int l = e % kLanes;
+                const acc_t inv_count = acc_t(1) / acc_t(i * kPerPack + e / kLanes + 1);
+                const acc_t v = pack_acc(xs[i], e) - shift;
+                if (i == 0 && e < kLanes) {
+                  // A lane's first value: mean v, m2 0, what the update gives for a finite v
+                  // (an infinite one makes the row's statistics NaN either way), 3 operations
+                  // fewer.
+                  lane_mean[l] = v;
+                } else {
+                  const acc_t delta = v - lane_mean[l];
+                  lane_mean[l] = fma_acc(delta, inv_count, lane_mean[l]);
+                  lane_m2[l] = fma_acc(delta, v - lane_mean[l], lane_m2[l]);
+                }
               }
             }
           }
+          s = row_merge_counted<Layout::kWarps>(
+              merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), acc_t(len), inv_len,
+              red[parity][slot]);
         }
-        WelfordState<acc_t> s = row_merge_counted<Layout::kWarps>(
-            merge_lanes<kLanes>(lane_mean, lane_m2, valid * (VEC / kLanes)), acc_t(len), inv_len,
-            red[parity][slot]);
         if constexpr (CLUSTER) {
           s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }

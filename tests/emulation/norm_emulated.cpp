@@ -4,7 +4,7 @@
 // stdin, one per line:
 //
 //   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
-//            [clusters[=K]] [rms] [res | resmis] [outlier] [far] [wide] [narrow]
+//            [clusters[=K]] [rms] [res | resmis] [outlier | outliers] [far] [wide] [narrow]
 //            [drop=P] [rowscale] [captured] [xgrad] [lone]
 //   largest  T  P        (prints the tables' largest rows: largest_rows below)
 //
@@ -23,7 +23,9 @@
 // alignment while x is not moved; outlier (LayerNorm, N >= 3): one of each row's first
 // three values (which one varies by row) sits 1000 times the row's scale from the others,
 // and the forward's y must come within 16 units of the accumulator's rounding instead of
-// 512 (shifting the statistics by such a value loses about sqrt(N) units); far (LayerNorm):
+// 512 (shifting the statistics by such a value loses about sqrt(N) units); outliers: two of
+// them, on one side, so that the shift (their median) is one of them (the usual 512 units);
+// far (LayerNorm):
 // of every three rows, one 1e4 (16-bit: 100) times its scale above zero, one as far below and
 // one near it (a block of two rows holds both kinds), so that the backward's correction of
 // the saved mean's rounding runs where it should (needs_mean_correction: the
@@ -89,6 +91,7 @@ struct Case {
   int r_misalign = 0;     // bytes: the residual's / grad_sum's start (else x_misalign's)
   int s_misalign = 0;     // bytes: the sum's start (r_misalign's, but for narrow)
   bool outlier = false;   // one of each row's first three values far from the rest
+  bool outliers = false;  // two of them, on one side: the shift far from the rest
   bool far = false;       // rows many times their scale from zero
   bool wide = false;      // a float32 sum beside T's x, y, dy (the IO type)
   bool narrow = false;    // wide: the residual of IO's type
@@ -189,6 +192,10 @@ Data make_data(const Case& c) {
     const double shift = c.far && r % 3 != 2 ? (r % 3 == 0 ? sigmas : -sigmas) * scale : near_shift;
     for (int64_t j = 0; j < c.N; ++j) d.x[r * c.N + j] = shift + scale * normal(rng);
     if (c.outlier) d.x[r * c.N + r % 3] = shift + scale * (r % 2 == 0 ? 1000 : -1000);
+    if (c.outliers) {
+      d.x[r * c.N + r % 3] = shift + scale * (r % 2 == 0 ? 1000 : -1000);
+      d.x[r * c.N + (r + 1) % 3] = shift + scale * (r % 2 == 0 ? 1001 : -1001);
+    }
   }
   // far: dy with a mean of 1, so that mean(g) (which the correction of mean(g * xhat)
   // multiplies) is not near zero.
@@ -538,6 +545,8 @@ int main() {
         c.residual = true;
       } else if (extra == "outlier") {
         c.outlier = true;
+      } else if (extra == "outliers") {
+        c.outliers = true;
       } else if (extra == "far") {
         c.far = true;
       } else if (extra == "wide") {
@@ -572,7 +581,9 @@ int main() {
       c.s_misalign = c.narrow ? (c.x_misalign * 2 + (moved ? 4 : 0)) % 16 : c.r_misalign;
     }
     const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b");
-    const bool bad_outlier = (c.outlier && (!c.centered || c.N < 3 || c.pass != "fwd")) ||
+    const bool bad_outlier = ((c.outlier || c.outliers) &&
+                              (!c.centered || c.N < 3 || c.pass != "fwd")) ||
+                             (c.outlier && c.outliers) ||
                              (c.far && !c.centered) ||
                              (c.wide && c.pass == "fwd" && !c.residual) ||
                              (c.narrow && (!c.wide || !c.residual || c.pass != "fwd")) ||

@@ -131,6 +131,8 @@ struct BlockState {
   // __syncthreads
   int barrier_arrived = 0;
   long barrier_generation = 0;
+  int barrier_or = 0;      // __syncthreads_or: the predicates of the threads arrived so far
+  int barrier_result = 0;  // and of all, once the last has arrived (read before the next can end)
   // Per warp: the exchange slots of a shuffle and a two-phase rendezvous.
   struct Warp {
     uint64_t slots[32];
@@ -289,25 +291,32 @@ inline void cluster_barrier(ClusterState& c) {
   }
 }
 
-// kind 1: __syncthreads(); kind 2: cluster.sync() (the block's threads, then the blocks).
-inline void block_barrier(int kind) {
+// kind 1: __syncthreads(); kind 2: cluster.sync() (the block's threads, then the blocks);
+// kind 3: __syncthreads_or(predicate), whose result it returns (0 for the others).
+inline int block_barrier(int kind, int predicate = 0) {
   BlockState& b = block_state();
   const long generation = b.barrier_generation;
   ++b.events;
   if (b.barrier_arrived == 0) {
     b.barrier_kind = kind;
   } else if (b.barrier_kind != kind) {
-    fail("threads of a block wait at different barriers (__syncthreads and cluster.sync)");
+    fail("threads of a block wait at different barriers (__syncthreads, __syncthreads_or, "
+         "cluster.sync)");
   }
+  b.barrier_or |= predicate != 0;
   if (++b.barrier_arrived == b.threads) {
     if (kind == 2) cluster_barrier(*b.cluster);
     b.barrier_arrived = 0;
+    b.barrier_result = b.barrier_or;
+    b.barrier_or = 0;
     ++b.barrier_generation;
   }
   while (b.barrier_generation == generation) yield();
+  return b.barrier_result;
 }
 
 inline void syncthreads() { block_barrier(1); }
+inline int syncthreads_or(int predicate) { return block_barrier(3, predicate); }
 
 inline void cluster_sync() {
   if (block_state().cluster == nullptr) fail("cluster.sync() in a launch without clusters");
@@ -516,6 +525,7 @@ struct Buffer {
 #define blockDim (::emu::block_dim())
 
 inline void __syncthreads() { ::emu::syncthreads(); }
+inline int __syncthreads_or(int predicate) { return ::emu::syncthreads_or(predicate); }
 
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
