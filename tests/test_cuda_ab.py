@@ -55,13 +55,18 @@ def test_instance_files_name_one_tag():
 
 
 def test_a_grad_sum_unit_shares_its_instance_file(tmp_path):
-    """The backward timed with a grad_sum runs the plain unit's kernels (a runtime pointer):
-    one instance file for both, else their entries would register twice."""
+    """The backward timed with a grad_sum, and the forward with a residual, run the plain
+    unit's kernels (runtime pointers): one instance file for both, else their entries would
+    register twice."""
     units = (Unit("layer_norm", "bwd", "bf16"), Unit("layer_norm", "bwd", "bf16", grad_sum=True),
-             Unit("layer_norm", "fwd", "bf16"))
+             Unit("layer_norm", "fwd", "bf16", residual=True), Unit("layer_norm", "fwd", "bf16"))
     _, sources = build.write_tree("v", (), units, tmp_path)
     assert [s.name for s in sources] == ["layer_norm_bwd_bf16.cu", "layer_norm_fwd_bf16.cu"]
-    assert [u.label for u in units] == ["bwd", "bwd+grad_sum", "fwd"]
+    assert [u.label for u in units] == ["bwd", "bwd+grad_sum", "fwd+residual", "fwd"]
+    with pytest.raises(ValueError, match="residual the forward's"):
+        Unit("layer_norm", "bwd", "bf16", residual=True)
+    with pytest.raises(ValueError, match="grad_sum is the backward's"):
+        Unit("layer_norm", "fwd", "bf16", grad_sum=True)
 
 
 def test_plan_cases_turns_rows_and_table():
@@ -187,11 +192,15 @@ class CpuNorm:
 
     def __init__(self, shift=0.0, drop_grad_sum=False):
         self.shift = shift
-        self.drop_grad_sum = drop_grad_sum
+        self.drop_grad_sum = drop_grad_sum  # (and the residual, in a forward)
 
     def fwd(self, centered, x, residual, w, b, eps, y, s, mean, rstd):
-        out, _, m, r = torch.ops.fusednorm.norm_fwd(x, residual, w, b, eps, centered)
+        if self.drop_grad_sum:
+            residual = None
+        out, total, m, r = torch.ops.fusednorm.norm_fwd(x, residual, w, b, eps, centered)
         y.copy_(out + self.shift)
+        if s is not None and residual is not None:
+            s.copy_(total)
         rstd.copy_(r)
         if mean is not None:
             mean.copy_(m)
@@ -208,10 +217,12 @@ class CpuNorm:
 
 
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("pass_, grad_sum", [("fwd", False), ("bwd", False), ("bwd", True)])
-def test_run_case_on_cpu_stand_ins(kind, pass_, grad_sum):
+@pytest.mark.parametrize("pass_, extra", [("fwd", False), ("fwd", True), ("bwd", False),
+                                          ("bwd", True)])
+def test_run_case_on_cpu_stand_ins(kind, pass_, extra):
     """run_case end to end on the CPU: inputs, the reference check (a variant off by 0.1 is
-    flagged, base passes; with grad_sum, one that drops it too), the copy and the rows."""
+    flagged, base passes; with grad_sum or a residual, one that drops it too), the copy and
+    the rows."""
     import time
 
     def timer(fn):
@@ -219,16 +230,21 @@ def test_run_case_on_cpu_stand_ins(kind, pass_, grad_sum):
         fn()
         return (time.perf_counter() - start) * 1e3
 
-    case = sweep.Case("q", Unit(kind, pass_, "f32", grad_sum=grad_sum), M=96, N=1000)
+    unit = Unit(kind, pass_, "f32", grad_sum=extra and pass_ == "bwd",
+                residual=extra and pass_ == "fwd")
+    case = sweep.Case("q", unit, M=96, N=1000)
     modules = {sweep.BASE: CpuNorm(), "q__off": CpuNorm(0.1)}
-    if grad_sum:
+    if extra:
         modules["q__nogs"] = CpuNorm(drop_grad_sum=True)
     rows = sweep.run_case(case, modules, rounds=2, device="cpu", timer=timer)
     by = {r["provider"]: r for r in rows}
     assert set(by) == set(modules) | {sweep.COPY}
     assert by[sweep.BASE]["ok"] and not by["q__off"]["ok"]
-    assert grad_sum == ("q__nogs" in by) and not by.get("q__nogs", {"ok": False})["ok"]
-    assert by[sweep.BASE]["pass"] == ("bwd+grad_sum" if grad_sum else pass_)
+    assert extra == ("q__nogs" in by) and not by.get("q__nogs", {"ok": False})["ok"]
+    assert by[sweep.BASE]["pass"] == {("fwd", True): "fwd+residual",
+                                      ("bwd", True): "bwd+grad_sum"}.get((pass_, extra), pass_)
+    tensors = {("fwd", False): 2, ("fwd", True): 4, ("bwd", False): 3, ("bwd", True): 4}
+    assert sweep.pass_bytes(case) == tensors[(pass_, extra)] * 96 * 1000 * 4  # float32
     assert all(r["ms"] > 0 and r["pct_of_copy"] > 0 for r in rows)
 
 

@@ -83,7 +83,7 @@ def write_tree(variant: str, edits: tuple[Edit, ...], units: tuple[Unit, ...],
         write(root / "csrc" / rel, text)
     tags = input_tags()
     sources = []
-    for unit in units:  # (a grad_sum unit shares its file with the plain one)
+    for unit in units:  # (a grad_sum or residual unit shares its file with the plain one)
         path = root / "src" / f"{unit.kind}_{unit.pass_}_{unit.tag}.cu"
         if path not in sources:
             write(path, instance_text(unit, tags))

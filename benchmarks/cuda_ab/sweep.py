@@ -61,10 +61,12 @@ def cases(questions: list[Question], ns=DEFAULT_N, elements=DEFAULT_ELEMENTS,
 
 
 def pass_bytes(case: Case) -> int:
-    """The least bytes the pass moves: forward reads x and writes y; backward reads dy and x
-    (and grad_sum) and writes dx (parameters and statistics, O(M + N), left out)."""
+    """The least bytes the pass moves: forward reads x (and the residual) and writes y (and
+    the sum); backward reads dy and x (and grad_sum) and writes dx (parameters and
+    statistics, O(M + N), left out)."""
     size = torch.empty((), dtype=DTYPE[case.unit.tag]).element_size()
-    tensors = 2 if case.unit.pass_ == "fwd" else 4 if case.unit.grad_sum else 3
+    u = case.unit
+    tensors = (4 if u.residual else 2) if u.pass_ == "fwd" else 4 if u.grad_sum else 3
     return tensors * case.M * case.N * size
 
 
@@ -179,6 +181,8 @@ def tensors(case: Case, M: int, device: str, seed: int = 0) -> dict:
     t["rstd"] = torch.empty(M, dtype=acc, device=device)
     t["dx"] = torch.empty_like(t["x"])
     t["gs"] = rand(M, case.N, shift=0.0) if case.unit.grad_sum else None
+    t["r"] = rand(M, case.N, shift=0.0) if case.unit.residual else None
+    t["sum"] = torch.empty_like(t["x"]) if case.unit.residual else None
     t["dw"] = torch.empty_like(t["w"])
     t["db"] = torch.empty_like(t["b"]) if centered else None
     return t
@@ -188,16 +192,20 @@ def call(module, case: Case, t: dict) -> Callable[[], None]:
     """One pass of the case by the variant's module, into t's outputs (the backward reads the
     statistics a forward left there)."""
     if case.unit.pass_ == "fwd":
-        return lambda: module.fwd(t["centered"], t["x"], None, t["w"], t["b"], t["eps"], t["y"],
-                                  None, t["mean"], t["rstd"])
+        return lambda: module.fwd(t["centered"], t["x"], t["r"], t["w"], t["b"], t["eps"], t["y"],
+                                  t["sum"], t["mean"], t["rstd"])
     return lambda: module.bwd(t["centered"], t["dy"], t["gs"], t["x"], t["mean"], t["rstd"], t["w"],
                               t["dx"], t["dw"], t["db"])
 
 
 def reference_outputs(case: Case, t: dict) -> list[torch.Tensor]:
-    """float64 forward output, or dx (plus grad_sum), dweight (and dbias) of the backward."""
+    """float64 forward output (and the sum, of the input's dtype: the kernels normalize its
+    rounded values), or dx (plus grad_sum), dweight (and dbias) of the backward."""
     from fusednorm import reference
 
+    if t["r"] is not None:
+        total = (t["x"].double() + t["r"].double()).to(t["x"].dtype)
+        return reference_outputs(case, {**t, "x": total, "r": None}) + [total.double()]
     x = t["x"].double().requires_grad_()
     w = t["w"].double().requires_grad_()
     b = t["b"].double().requires_grad_() if t["b"] is not None else None
@@ -214,7 +222,7 @@ def reference_outputs(case: Case, t: dict) -> list[torch.Tensor]:
 
 def outputs(case: Case, t: dict) -> list[torch.Tensor]:
     if case.unit.pass_ == "fwd":
-        return [t["y"].clone()]
+        return [t["y"].clone()] + ([t["sum"].clone()] if t["sum"] is not None else [])
     return [t["dx"].clone(), t["dw"].clone()] + ([t["db"].clone()] if t["db"] is not None else [])
 
 
@@ -227,7 +235,7 @@ def check_rows(case: Case, modules: dict, device: str, rows: int = 64) -> dict[s
     ref = reference_outputs(case, t)
     got = {}
     for name, module in modules.items():
-        for key in ("y", "dx", "dw", "db"):  # NaN where a variant writes nothing
+        for key in ("y", "sum", "dx", "dw", "db"):  # NaN where a variant writes nothing
             if t[key] is not None:
                 t[key].fill_(float("nan"))
         call(module, case, t)()

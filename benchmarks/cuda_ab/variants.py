@@ -26,15 +26,22 @@ class Edit:
 class Unit:
     """One compiled instance file: a kind, a pass and an input tag of norm_launch.h; with
     grad_sum, the backward is timed with the residual's gradient added to dx (the add ops'
-    backward: the same file, a runtime pointer)."""
+    backward), with residual the forward with a residual added to x and the sum written (the
+    add ops' forward): the same file, runtime pointers."""
     kind: str  # "layer_norm" | "rms_norm"
     pass_: str  # "fwd" | "bwd"
     tag: str  # "bf16" | "f16" | "f32" | "f64"
     grad_sum: bool = False
+    residual: bool = False
+
+    def __post_init__(self):
+        if (self.grad_sum and self.pass_ != "bwd") or (self.residual and self.pass_ != "fwd"):
+            raise ValueError(f"{self}: grad_sum is the backward's, residual the forward's")
 
     @property
     def label(self) -> str:
-        return self.pass_ + ("+grad_sum" if self.grad_sum else "")
+        return self.pass_ + ("+grad_sum" if self.grad_sum else "") + (
+            "+residual" if self.residual else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +224,9 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
         "m2) and two reductions in turn; shifted sums take 3 (shift, sum, fma) and one "
         "reduction of two values, a second pass over the registers only for a row whose "
         "shift sits more than 4 standard deviations from its mean. Do they bring LayerNorm "
-        "to RMSNorm's speed?",
-        _units(["layer_norm"], ["fwd"], ["bf16", "f16"]),
+        "to RMSNorm's speed, the add ops' forward (the same kernel) with it?",
+        _units(["layer_norm"], ["fwd"], ["bf16", "f16"])
+        + (Unit("layer_norm", "fwd", "bf16", residual=True),),
         {
             "shifted_sums": (_FWD16_SHIFTED_SUMS,),
         }),
