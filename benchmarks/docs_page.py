@@ -30,6 +30,8 @@ README_FOLDERS = ("nvidia-h200", "amd-epyc")
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
 OURS, COMPILED, LIGER = "fusednorm", "torch.compile", "liger"
+# A GPU row whose 80th percentile exceeds its 20th by more than this is unsteady (unsteady()).
+UNSTEADY_SPREAD = 1.25
 PLAIN = "plain"  # the add_* suites' rows carry a "variant" (benchmarks/norm_variants.py)
 DTYPE_SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -51,6 +53,11 @@ METHOD = """\
   `torch.compile`'s time over the provider's. **× liger** (GPU runs with Liger-Kernel
   installed): Liger's time over the provider's (its RMSNorm functions with
   `in_place=False`, whose backward leaves the dy it is given as it was).
+- **Unsteady rows** (GPU): a row whose 80th-percentile time exceeds its 20th by more than
+  1.25x was not timed at a steady rate: CUDA events time a kernel to within a few percent,
+  so the spread is the host's (a provider whose launches take longer than its kernels, or a
+  disturbed machine). A ratio or % of copy with such a row on either side is marked † in
+  the full tables and left out of the summaries, which say how many cases had one.
 - **% of copy** (the norm suites): the fewest bytes the pass must move (forward: read x,
   weight, bias, write y, mean, rstd; backward: read x, dy, mean, rstd, weight, write dx,
   dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
@@ -144,13 +151,33 @@ def _plain(result: dict) -> dict:
     return by_variant(result).get(PLAIN, dict(result, rows=[]))
 
 
+def unsteady(result: dict, row: dict) -> bool:
+    """Whether a GPU row's 20-80% spread exceeds UNSTEADY_SPREAD: CUDA-event times of a
+    kernel are steady, so such a spread is the host's (a provider whose launches outlast
+    its kernels, or a disturbed machine), not the kernel's. CPU rows are never called so:
+    their spread is the shared machine's, met by timing the providers in turns."""
+    p20, p80 = row.get("ms_p20"), row.get("ms_p80")
+    return (result.get("device_kind") != "cpu" and bool(p20) and bool(p80)
+            and p80 / p20 > UNSTEADY_SPREAD)
+
+
 def speedups(result: dict, baseline: str = report.BASELINE) -> dict[str, list[float]]:
-    """{pass: [baseline ms / fusednorm ms for each case]} of a timed suite."""
+    """{pass: [baseline ms / fusednorm ms for each case]} of a timed suite, leaving out the
+    cases where either row is unsteady."""
     out: dict[str, list[float]] = {}
     for (pass_name, *_), by in _cases(result, _case_keys(result)).items():
         if OURS in by and baseline in by:
+            if unsteady(result, by[OURS]) or unsteady(result, by[baseline]):
+                continue
             out.setdefault(pass_name, []).append(by[baseline]["ms"] / by[OURS]["ms"])
     return out
+
+
+def unsteady_cases(result: dict) -> tuple[int, int]:
+    """(cases with an unsteady row of fusednorm, eager or a peer, cases timed)."""
+    cases = [by for by in _cases(result, _case_keys(result)).values() if OURS in by]
+    return sum(any(unsteady(result, by[p]) for p in (OURS, report.BASELINE, COMPILED, LIGER)
+                   if p in by) for by in cases), len(cases)
 
 
 def _x(value: float | None) -> str:
@@ -175,7 +202,8 @@ def _shapes(result: dict) -> str:
     if result["suite"] == "gelu_ffn":
         tokens = f"{ms[0]}" if len(ms) == 1 else f"{ms[0]}–{ms[-1]}"
         return f"{tokens} tokens, d_model {n_text}, hidden 4·d"
-    return f"{len({(r['M'], r['N']) for r in result['rows']})} shapes, N {n_text}"
+    count = len({(r["M"], r["N"]) for r in result["rows"]})
+    return f"{count} shape{'s' if count > 1 else ''}, N {n_text}"
 
 
 def _device_line(result: dict) -> str:
@@ -242,12 +270,25 @@ def peers_table(suites: dict[str, dict]) -> list[str]:
         floors: dict[str, list[float]] = {}
         for (pass_name, *_), by in _cases(result, _case_keys(result)).items():
             value = by.get(OURS, {}).get(floor_key)
-            if value is not None:
+            if value is not None and not unsteady(result, by[OURS]):
                 floors.setdefault(pass_name, []).append(value)
         if floors:
             yield f"`{suite}`", floor_name, _pass_cells(floors, _pct_span)
 
     return _pass_table("against", suites, rows_of)
+
+
+def unsteady_note(suites: dict[str, dict]) -> list[str]:
+    """Lines saying how many cases had an unsteady time, which the summaries leave out of
+    the ratios it enters (none: [])."""
+    counts = [unsteady_cases(_plain(suites[suite])) for suite in _timed_suites(suites)]
+    left, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    if not left:
+        return []
+    return ["", f"{left} of these {total} cases had a provider's time unsteady (20–80% spread "
+                f"above {UNSTEADY_SPREAD}×: host-bound or a disturbed machine): the summaries "
+                "leave each ratio and % of copy with an unsteady side out, and the full tables "
+                "mark it †."]
 
 
 def _pct_span(values: list[float]) -> str:
@@ -274,7 +315,7 @@ def readme_block(data: dict[str, dict[str, dict]]) -> str:
         lines += ["", f"**{_device_line(first)}**", ""] + summary_table(suites)
         lines += ["", "Against the peers timed in the same runs (above 1: fusednorm faster) "
                       "and the floor each run measured (% of copy above 100: rows that partly "
-                      "fit a CPU's cache):", ""] + peers_table(suites)
+                      "fit a CPU's cache):", ""] + peers_table(suites) + unsteady_note(suites)
         if "overhead" in suites:
             lines += ["", f"Host time per call on tiny tensors (suite `overhead`): "
                           f"fusednorm's is {_overhead_span(suites['overhead'])} "
@@ -324,10 +365,14 @@ def _suite_table(result: dict) -> list[str]:
                 cells.append("n/a")
                 continue
             floor = ours.get(floor_key)
+            def cell(text: str, other: str | None = None) -> str:
+                """text, marked † when a side of it is unsteady."""
+                shaky = unsteady(result, ours) or (other in by and unsteady(result, by[other]))
+                return text + ("†" if shaky and text != "–" else "")
             cells.append(" / ".join(
-                [_x(_ratio(by.get(report.BASELINE, {}).get("ms"), ours["ms"]))]
-                + [_x(_ratio(by.get(peer, {}).get("ms"), ours["ms"])) for peer in peers]
-                + ["–" if floor is None else f"{floor:.0f}%"]))
+                [cell(_x(_ratio(by.get(peer, {}).get("ms"), ours["ms"])), peer)
+                 for peer in [report.BASELINE] + peers]
+                + [cell("–" if floor is None else f"{floor:.0f}%")]))
         if ffn:
             fwd = cases.get(("fwd", *case), {})
             ours, theirs = fwd.get(OURS, {}).get("saved_mb"), fwd.get(report.BASELINE, {}).get("saved_mb")
@@ -391,7 +436,7 @@ def page(data: dict[str, dict[str, dict]]) -> str:
                   f"(../benchmarks/results/{folder}/): each suite's full tables (`.md`), "
                   "plot (`.png`) and data (`.json`).", "", "Summary, fusednorm's speed-up "
                   "over PyTorch eager, median (range) over the cases:", ""]
-        lines += summary_table(suites)
+        lines += summary_table(suites) + unsteady_note(suites)
         for suite in _timed_suites(suites):
             r = suites[suite]
             lines += ["", f"### `{suite}`" + (" (busy machine: see the notes of its table)"

@@ -75,9 +75,9 @@ def test_variant_rows_get_summary_rows_of_their_own():
     result = {"suite": "add_layer_norm", "rows": rows}
     summary = docs_page.summary_table({"add_layer_norm": result})
     assert summary[2:] == [
-        "| `add_layer_norm` | bf16; 1 shapes, N 1024 | 2.00× (2.00–2.00) | – | – |",
-        "| `add_layer_norm` fp32-residual | bf16; 1 shapes, N 1024 | 4.00× (4.00–4.00) | – | – |",
-        "| `add_layer_norm` dropout | bf16; 1 shapes, N 1024 | – | – | – |"]
+        "| `add_layer_norm` | bf16; 1 shape, N 1024 | 2.00× (2.00–2.00) | – | – |",
+        "| `add_layer_norm` fp32-residual | bf16; 1 shape, N 1024 | 4.00× (4.00–4.00) | – | – |",
+        "| `add_layer_norm` dropout | bf16; 1 shape, N 1024 | – | – | – |"]
     assert docs_page.peers_table({"add_layer_norm": result})[2:] == [
         "| `add_layer_norm` | × torch.compile | 1.00× (1.00–1.00) | – | – |",
         "| `add_layer_norm` | % of copy | 80% (80–80) | – | – |"]
@@ -86,3 +86,35 @@ def test_variant_rows_get_summary_rows_of_their_own():
     assert table[2:] == ["| bf16 | 8 | 1024 | plain | 2.00× / 1.00× / 80% |",
                          "| bf16 | 8 | 1024 | fp32-residual | 4.00× / 3.00× / 60% |",
                          "| bf16 | 8 | 1024 | dropout | n/a |"]
+
+
+def test_unsteady_gpu_rows_leave_the_summaries_and_are_counted_and_marked():
+    """A GPU case where fusednorm's, eager's or a peer's row spreads over 1.25x from its 20th
+    to its 80th percentile: the ratios with that row on a side leave the summaries, the note
+    under them counts the case, the suite's table marks them †; a CPU file's spread is never
+    called unsteady."""
+    def row(n, provider, ms, p20, p80, pct=None):
+        return {"pass": "fwd", "dtype": "bfloat16", "M": 8, "N": n, "provider": provider,
+                "ms": ms, "ms_p20": p20, "ms_p80": p80, "pct_of_copy": pct}
+    rows = [row(1024, "fusednorm", 1.0, 0.99, 1.01, 50.0),
+            row(1024, "torch.compile", 2.0, 1.0, 3.0), row(1024, "torch", 3.0, 2.9, 3.1),
+            row(2048, "fusednorm", 1.0, 0.99, 1.01, 60.0),
+            row(2048, "torch.compile", 1.5, 1.45, 1.55), row(2048, "torch", 3.0, 2.9, 3.1),
+            row(4096, "fusednorm", 1.0, 0.5, 1.5, 10.0),
+            row(4096, "torch.compile", 1.0, 0.99, 1.01), row(4096, "torch", 2.0, 1.99, 2.01)]
+    gpu = {"suite": "layer_norm", "device_kind": "cuda", "rows": rows}
+    assert docs_page.peers_table({"layer_norm": gpu})[2:] == [
+        "| `layer_norm` | × torch.compile | 1.50× (1.50–1.50) | – | – |",
+        "| `layer_norm` | % of copy | 55% (50–60) | – | – |"]
+    assert docs_page.summary_table({"layer_norm": gpu})[2].endswith("| 3.00× (3.00–3.00) | – | – |")
+    (note,) = [line for line in docs_page.unsteady_note({"layer_norm": gpu}) if line]
+    assert note.startswith("2 of these 3 cases")
+    table = docs_page._suite_table(gpu)
+    assert table[2].endswith("| 3.00× / 2.00×† / 50% |")
+    assert table[3].endswith("| 3.00× / 1.50× / 60% |")
+    assert table[4].endswith("| 2.00×† / 1.00×† / 10%† |")
+
+    cpu = dict(gpu, device_kind="cpu")
+    assert docs_page.peers_table({"layer_norm": cpu})[2] == (
+        "| `layer_norm` | × torch.compile | 1.50× (1.00–2.00) | – | – |")
+    assert docs_page.unsteady_note({"layer_norm": cpu}) == []
