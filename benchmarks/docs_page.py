@@ -30,7 +30,7 @@ README_FOLDERS = ("nvidia-h200", "amd-epyc")
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
 OURS, COMPILED, LIGER = "fusednorm", "torch.compile", "liger"
-# A GPU row whose 80th percentile exceeds its 20th by more than this is unsteady (unsteady()).
+# A GPU row whose 80th percentile exceeds its 20th by more than this is shaky (shaky()).
 UNSTEADY_SPREAD = 1.25
 PLAIN = "plain"  # the add_* suites' rows carry a "variant" (benchmarks/norm_variants.py)
 DTYPE_SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
@@ -53,11 +53,12 @@ METHOD = """\
   `torch.compile`'s time over the provider's. **× liger** (GPU runs with Liger-Kernel
   installed): Liger's time over the provider's (its RMSNorm functions with
   `in_place=False`, whose backward leaves the dy it is given as it was).
-- **Unsteady rows** (GPU): a row whose 80th-percentile time exceeds its 20th by more than
-  1.25x was not timed at a steady rate: CUDA events time a kernel to within a few percent,
-  so the spread is the host's (a provider whose launches take longer than its kernels, or a
-  disturbed machine). A ratio or % of copy with such a row on either side is marked † in
-  the full tables and left out of the summaries, which say how many cases had one.
+- **Host-bound rows** (GPU): a row whose 80th-percentile time exceeds its 20th by more
+  than 1.25x, or whose host time per call (`host_ms`: the CPU time of launching a call,
+  calls launched back to back) reaches its time, measured its host, not its kernels: CUDA
+  events time a kernel to within a few percent. A ratio or % of copy with such a row on
+  either side is marked † in the full tables and left out of the summaries, which say how
+  many cases had one.
 - **% of copy** (the norm suites): the fewest bytes the pass must move (forward: read x,
   weight, bias, write y, mean, rstd; backward: read x, dy, mean, rstd, weight, write dx,
   dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
@@ -151,32 +152,35 @@ def _plain(result: dict) -> dict:
     return by_variant(result).get(PLAIN, dict(result, rows=[]))
 
 
-def unsteady(result: dict, row: dict) -> bool:
-    """Whether a GPU row's 20-80% spread exceeds UNSTEADY_SPREAD: CUDA-event times of a
-    kernel are steady, so such a spread is the host's (a provider whose launches outlast
-    its kernels, or a disturbed machine), not the kernel's. CPU rows are never called so:
-    their spread is the shared machine's, met by timing the providers in turns."""
-    p20, p80 = row.get("ms_p20"), row.get("ms_p80")
-    return (result.get("device_kind") != "cpu" and bool(p20) and bool(p80)
-            and p80 / p20 > UNSTEADY_SPREAD)
+def shaky(result: dict, row: dict) -> bool:
+    """Whether a GPU row's time is the host's rather than its kernels': its 20-80% spread
+    exceeds UNSTEADY_SPREAD (CUDA events time a kernel to a few percent, so the spread is a
+    host that now and then falls behind, or a disturbed machine), or its host time per call
+    (host_ms, runs since it was recorded) reaches its time (the host sets the pace). CPU rows
+    are never called so: their spread is the shared machine's, met by timing in turns."""
+    if result.get("device_kind") == "cpu":
+        return False
+    p20, p80, host = row.get("ms_p20"), row.get("ms_p80"), row.get("host_ms")
+    return bool((p20 and p80 and p80 / p20 > UNSTEADY_SPREAD)
+                or (host is not None and host >= row["ms"]))
 
 
 def speedups(result: dict, baseline: str = report.BASELINE) -> dict[str, list[float]]:
     """{pass: [baseline ms / fusednorm ms for each case]} of a timed suite, leaving out the
-    cases where either row is unsteady."""
+    cases where either row is shaky."""
     out: dict[str, list[float]] = {}
     for (pass_name, *_), by in _cases(result, _case_keys(result)).items():
         if OURS in by and baseline in by:
-            if unsteady(result, by[OURS]) or unsteady(result, by[baseline]):
+            if shaky(result, by[OURS]) or shaky(result, by[baseline]):
                 continue
             out.setdefault(pass_name, []).append(by[baseline]["ms"] / by[OURS]["ms"])
     return out
 
 
-def unsteady_cases(result: dict) -> tuple[int, int]:
-    """(cases with an unsteady row of fusednorm, eager or a peer, cases timed)."""
+def shaky_cases(result: dict) -> tuple[int, int]:
+    """(cases with a shaky row of fusednorm, eager or a peer, cases timed)."""
     cases = [by for by in _cases(result, _case_keys(result)).values() if OURS in by]
-    return sum(any(unsteady(result, by[p]) for p in (OURS, report.BASELINE, COMPILED, LIGER)
+    return sum(any(shaky(result, by[p]) for p in (OURS, report.BASELINE, COMPILED, LIGER)
                    if p in by) for by in cases), len(cases)
 
 
@@ -270,7 +274,7 @@ def peers_table(suites: dict[str, dict]) -> list[str]:
         floors: dict[str, list[float]] = {}
         for (pass_name, *_), by in _cases(result, _case_keys(result)).items():
             value = by.get(OURS, {}).get(floor_key)
-            if value is not None and not unsteady(result, by[OURS]):
+            if value is not None and not shaky(result, by[OURS]):
                 floors.setdefault(pass_name, []).append(value)
         if floors:
             yield f"`{suite}`", floor_name, _pass_cells(floors, _pct_span)
@@ -278,17 +282,17 @@ def peers_table(suites: dict[str, dict]) -> list[str]:
     return _pass_table("against", suites, rows_of)
 
 
-def unsteady_note(suites: dict[str, dict]) -> list[str]:
-    """Lines saying how many cases had an unsteady time, which the summaries leave out of
-    the ratios it enters (none: [])."""
-    counts = [unsteady_cases(_plain(suites[suite])) for suite in _timed_suites(suites)]
+def shaky_note(suites: dict[str, dict]) -> list[str]:
+    """Lines saying how many cases had a shaky row, which the summaries leave out of the
+    ratios it enters (none: [])."""
+    counts = [shaky_cases(_plain(suites[suite])) for suite in _timed_suites(suites)]
     left, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
     if not left:
         return []
-    return ["", f"{left} of these {total} cases had a provider's time unsteady (20–80% spread "
-                f"above {UNSTEADY_SPREAD}×: host-bound or a disturbed machine): the summaries "
-                "leave each ratio and % of copy with an unsteady side out, and the full tables "
-                "mark it †."]
+    return ["", f"{left} of these {total} cases had a provider whose time was its host's "
+                f"(20–80% spread above {UNSTEADY_SPREAD}×, or host time per call at least its "
+                "time): the summaries leave each ratio and % of copy with such a side out, and "
+                "the full tables mark it †."]
 
 
 def _pct_span(values: list[float]) -> str:
@@ -315,7 +319,7 @@ def readme_block(data: dict[str, dict[str, dict]]) -> str:
         lines += ["", f"**{_device_line(first)}**", ""] + summary_table(suites)
         lines += ["", "Against the peers timed in the same runs (above 1: fusednorm faster) "
                       "and the floor each run measured (% of copy above 100: rows that partly "
-                      "fit a CPU's cache):", ""] + peers_table(suites) + unsteady_note(suites)
+                      "fit a CPU's cache):", ""] + peers_table(suites) + shaky_note(suites)
         if "overhead" in suites:
             lines += ["", f"Host time per call on tiny tensors (suite `overhead`): "
                           f"fusednorm's is {_overhead_span(suites['overhead'])} "
@@ -366,9 +370,9 @@ def _suite_table(result: dict) -> list[str]:
                 continue
             floor = ours.get(floor_key)
             def cell(text: str, other: str | None = None) -> str:
-                """text, marked † when a side of it is unsteady."""
-                shaky = unsteady(result, ours) or (other in by and unsteady(result, by[other]))
-                return text + ("†" if shaky and text != "–" else "")
+                """text, marked † when a side of it is shaky."""
+                marked = shaky(result, ours) or (other in by and shaky(result, by[other]))
+                return text + ("†" if marked and text != "–" else "")
             cells.append(" / ".join(
                 [cell(_x(_ratio(by.get(peer, {}).get("ms"), ours["ms"])), peer)
                  for peer in [report.BASELINE] + peers]
@@ -436,7 +440,7 @@ def page(data: dict[str, dict[str, dict]]) -> str:
                   f"(../benchmarks/results/{folder}/): each suite's full tables (`.md`), "
                   "plot (`.png`) and data (`.json`).", "", "Summary, fusednorm's speed-up "
                   "over PyTorch eager, median (range) over the cases:", ""]
-        lines += summary_table(suites) + unsteady_note(suites)
+        lines += summary_table(suites) + shaky_note(suites)
         for suite in _timed_suites(suites):
             r = suites[suite]
             lines += ["", f"### `{suite}`" + (" (busy machine: see the notes of its table)"

@@ -33,11 +33,30 @@ WARMUP_MS, MIN_REPS = 25.0, 10
 
 @dataclass(frozen=True)
 class Timing:
-    """Milliseconds per call: median and the 20th / 80th percentiles."""
+    """Milliseconds per call: median and the 20th / 80th percentiles; on the GPU also the
+    host's milliseconds per call (host_ms), the CPU time of launching one call."""
 
     ms: float
     ms_p20: float
     ms_p80: float
+    host_ms: float | None = None
+
+
+# GPU: calls launched back to back, without waiting, to time the host's part of a call.
+HOST_CALLS = 20
+
+
+def host_ms(fn: Callable[[], object], device: torch.device, calls: int = HOST_CALLS) -> float:
+    """The host's milliseconds per call of fn: wall time of `calls` calls launched back to
+    back after the device is idle, before waiting for it. A call whose host part exceeds
+    its device time cannot keep the GPU busy: launched in a loop, it runs at the host's pace."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    synchronize(device)
+    return 1e3 * elapsed / calls
 
 
 def synchronize(device: torch.device) -> None:
@@ -81,7 +100,7 @@ def time_calls(
         ms, p20, p80 = triton.testing.do_bench(
             fn, warmup=max(WARMUP_MS, 2 * estimate_ms), rep=rep_ms, quantiles=QUANTILES
         )
-        return Timing(ms, p20, p80)
+        return Timing(ms, p20, p80, host_ms(fn, device))
 
     return time_side_by_side([calls], device, budget_s)[0]
 

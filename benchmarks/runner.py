@@ -169,6 +169,8 @@ def _row(case: Case, pass_name: str, provider: str, timing, peak_mb, saved_mb,
     row.update(case.fields)
     row.update(provider=provider, ms=_sig(timing.ms), ms_p20=_sig(timing.ms_p20),
                ms_p80=_sig(timing.ms_p80))
+    if timing.host_ms is not None:
+        row["host_ms"] = _sig(timing.host_ms)
     row["_bytes"] = case.bytes[pass_name]
     row["_copy_gbps"] = copy_gbps
     if case.flops is not None:
@@ -210,7 +212,7 @@ def _case_key(row: dict) -> tuple:
     return tuple((k, v) for k, v in row.items() if k not in _MEASURED and not k.startswith("_"))
 
 
-_MEASURED = {"provider", "ms", "ms_p20", "ms_p80", "gbps", "pct_of_copy", "copy_gbps", "tflops",
+_MEASURED = {"provider", "ms", "ms_p20", "ms_p80", "host_ms", "gbps", "pct_of_copy", "copy_gbps", "tflops",
              "pct_of_gemm", "pct_of_fresh_copy", "peak_mem_mb", "saved_mb"}
 
 

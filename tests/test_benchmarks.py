@@ -645,3 +645,12 @@ def test_accuracy_far_rows_writes_its_results(tmp_path):
                 assert all(row[g] < 1e-6 for g in grads), row
             else:
                 assert all(row[g] > 1e-5 for g in grads), row
+
+
+def test_host_ms_is_the_launching_time_per_call():
+    """harness.host_ms times calls launched back to back: a call that spends 2 ms on the host
+    reads about 2 ms (the GPU rows' host_ms; shaky rows in docs_page)."""
+    from benchmarks import harness
+
+    ms = harness.host_ms(lambda: time.sleep(0.002), torch.device("cpu"), calls=5)
+    assert 1.9 <= ms <= 20.0

@@ -88,11 +88,11 @@ def test_variant_rows_get_summary_rows_of_their_own():
                          "| bf16 | 8 | 1024 | dropout | n/a |"]
 
 
-def test_unsteady_gpu_rows_leave_the_summaries_and_are_counted_and_marked():
+def test_shaky_gpu_rows_leave_the_summaries_and_are_counted_and_marked():
     """A GPU case where fusednorm's, eager's or a peer's row spreads over 1.25x from its 20th
-    to its 80th percentile: the ratios with that row on a side leave the summaries, the note
-    under them counts the case, the suite's table marks them †; a CPU file's spread is never
-    called unsteady."""
+    to its 80th percentile, or its host time per call reaches its time: the ratios with that
+    row on a side leave the summaries, the note under them counts the case, the suite's
+    table marks them †; a CPU file's rows are never called so."""
     def row(n, provider, ms, p20, p80, pct=None):
         return {"pass": "fwd", "dtype": "bfloat16", "M": 8, "N": n, "provider": provider,
                 "ms": ms, "ms_p20": p20, "ms_p80": p80, "pct_of_copy": pct}
@@ -101,20 +101,24 @@ def test_unsteady_gpu_rows_leave_the_summaries_and_are_counted_and_marked():
             row(2048, "fusednorm", 1.0, 0.99, 1.01, 60.0),
             row(2048, "torch.compile", 1.5, 1.45, 1.55), row(2048, "torch", 3.0, 2.9, 3.1),
             row(4096, "fusednorm", 1.0, 0.5, 1.5, 10.0),
-            row(4096, "torch.compile", 1.0, 0.99, 1.01), row(4096, "torch", 2.0, 1.99, 2.01)]
+            row(4096, "torch.compile", 1.0, 0.99, 1.01), row(4096, "torch", 2.0, 1.99, 2.01),
+            row(8192, "fusednorm", 1.0, 0.99, 1.01, 70.0),
+            dict(row(8192, "torch.compile", 1.2, 1.19, 1.21), host_ms=1.3),
+            dict(row(8192, "torch", 2.0, 1.99, 2.01), host_ms=0.1)]
     gpu = {"suite": "layer_norm", "device_kind": "cuda", "rows": rows}
     assert docs_page.peers_table({"layer_norm": gpu})[2:] == [
         "| `layer_norm` | × torch.compile | 1.50× (1.50–1.50) | – | – |",
-        "| `layer_norm` | % of copy | 55% (50–60) | – | – |"]
-    assert docs_page.summary_table({"layer_norm": gpu})[2].endswith("| 3.00× (3.00–3.00) | – | – |")
-    (note,) = [line for line in docs_page.unsteady_note({"layer_norm": gpu}) if line]
-    assert note.startswith("2 of these 3 cases")
+        "| `layer_norm` | % of copy | 60% (50–70) | – | – |"]
+    assert docs_page.summary_table({"layer_norm": gpu})[2].endswith("| 3.00× (2.00–3.00) | – | – |")
+    (note,) = [line for line in docs_page.shaky_note({"layer_norm": gpu}) if line]
+    assert note.startswith("3 of these 4 cases")
     table = docs_page._suite_table(gpu)
     assert table[2].endswith("| 3.00× / 2.00×† / 50% |")
     assert table[3].endswith("| 3.00× / 1.50× / 60% |")
     assert table[4].endswith("| 2.00×† / 1.00×† / 10%† |")
+    assert table[5].endswith("| 2.00× / 1.20×† / 70% |")
 
     cpu = dict(gpu, device_kind="cpu")
     assert docs_page.peers_table({"layer_norm": cpu})[2] == (
-        "| `layer_norm` | × torch.compile | 1.50× (1.00–2.00) | – | – |")
-    assert docs_page.unsteady_note({"layer_norm": cpu}) == []
+        "| `layer_norm` | × torch.compile | 1.35× (1.00–2.00) | – | – |")
+    assert docs_page.shaky_note({"layer_norm": cpu}) == []
