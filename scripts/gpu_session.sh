@@ -10,7 +10,8 @@
 #      tests/test_fuzz.py, included; ~3 min alone);
 #   4. with AB_QUESTIONS, the A/B sweep (python -m benchmarks.cuda_ab run): each variant
 #      against base and the copy, its files rewritten after each case;
-#   5. the SASS figures of this build (python -m benchmarks.sass_figures);
+#   5. with SASS_FIGURES=1, the SASS figures of this build (python -m benchmarks.sass_figures;
+#      about 70 s; a CPU build's figures match the device's: ninth run);
 #   6. default benchmark suites with --save (BENCH_SUITES: the ones still unmeasured), the
 #      files they wrote under benchmarks/results/ copied into the archive (results/).
 #
@@ -26,15 +27,17 @@
 #   AB_ARGS="--n 4096,16384 --rounds 5"   more options for the sweep
 #   AB_SECONDS=180          the sweep's time at most (it writes its files after each case)
 #   BENCH_SUITES=layer_norm   the suites saved (empty: none)
+#   SASS_FIGURES=1          step 5
 #   SOURCE_COMMIT, SOURCE_TREE   stamp results with that commit when the files make that tree
 #                           (scripts/source_commit.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh session
-# The norm suites still to measure, in order: each is saved as it finishes, and the one
-# the deadline cuts saves nothing; the rest go to a second call (docs/gpu_runs/README.md).
-BENCH_SUITES=${BENCH_SUITES-rms_norm,add_layer_norm,layer_norm,add_rms_norm}
+# The suites still to measure at the newest csrc/, in order: each is saved as it finishes,
+# and the one the deadline cuts saves nothing; the rest go to a second call
+# (docs/gpu_runs/README.md).
+BENCH_SUITES=${BENCH_SUITES-add_rms_norm,gelu_ffn,overhead,layer_norm,rms_norm,add_layer_norm}
 AB_QUESTIONS=${AB_QUESTIONS-}
 [[ $AB_QUESTIONS == all ]] && AB_QUESTIONS=$("$PYTHON" -c \
   "from benchmarks.cuda_ab.variants import QUESTIONS; print(','.join(QUESTIONS))")
@@ -67,8 +70,10 @@ if [[ -n $AB_QUESTIONS ]]; then
     --questions "$AB_QUESTIONS" ${AB_ARGS:-}
 fi
 
-# 5. The static figures of this build (cuobjdump; seconds).
-step sass_figures "$(left)" "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sass"
+# 5. The static figures of this build (cuobjdump), when asked for.
+if [[ ${SASS_FIGURES:-0} == 1 ]]; then
+  step sass_figures "$(left)" "$PYTHON" -m benchmarks.sass_figures --out "$DIR/sass"
+fi
 
 # 6. Saved default suites, while time is left (--save takes no --stop-after: a suite cut by
 # the deadline writes nothing; it runs only with 90 s or more left).

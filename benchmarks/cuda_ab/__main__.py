@@ -8,7 +8,7 @@ a sweep of N and dtypes, in one process: one device call answers several questio
     python -m benchmarks.cuda_ab pack [--questions a,b] [--to FILE]
                                      build, then the libraries in one tar.xz (no GPU needed)
     python -m benchmarks.cuda_ab run [--questions a,b] [--n 1024,4096] [--tags bf16]
-                                     [--rounds 7] [--out DIR] [--prebuilt FILE]
+                                     [--rounds 15] [--seed 0] [--out DIR] [--prebuilt FILE]
 
 The libraries use nothing of torch's at run time, so a pack made on a machine without a GPU
 (TORCH_CUDA_ARCH_LIST naming the GPU's arch, e.g. 9.0a) runs on a GPU machine with another
@@ -18,7 +18,9 @@ torch: `run --prebuilt FILE` unpacks it and compiles only the variants whose sou
 suites' files: benchmarks/stamp.py) and DIR/cuda_ab.md, rewritten after each case (a sweep
 cut short keeps what it timed): per question, each provider's % of
 copy and its speed over base (x_base > 1: faster); a variant whose output is off the float64
-reference beyond twice base's error is marked "!" (and "ok": false in the JSON).
+reference beyond twice base's error is marked "!" (and "ok": false in the JSON). Each round
+times every provider once, in an order drawn from --seed and the case (sweep.time_in_turns);
+base_again is base timed again as a provider of its own, its x_base the run's noise floor.
 """
 from __future__ import annotations
 
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--tags", type=lambda s: set(s.split(",")), help="input dtypes (bf16,f32..)")
     run.add_argument("--elements", type=int, default=sweep.DEFAULT_ELEMENTS,
                      help="elements per tensor (M = elements // N)")
-    run.add_argument("--rounds", type=int, default=7)
+    run.add_argument("--rounds", type=int, default=sweep.DEFAULT_ROUNDS)
+    run.add_argument("--seed", type=int, default=0,
+                     help="seeds each case's orders of the turns (with the case)")
     run.add_argument("--out", type=Path, default=Path("bench-out") / "cuda_ab")
     one = sub.add_parser("build-one", help="(internal) one variant of the plan in --workdir")
     one.add_argument("variant")
@@ -101,8 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     result["definition"] = ("pct_of_copy: a copy_ of the pass's least bytes (fwd: x in, y "
                             "out; bwd: dy and x (and grad_sum) in, dx out) over the "
                             "provider's time, x 100; x_base: base's time over the provider's; "
-                            "medians of "
-                            f"{args.rounds} rounds in turns")
+                            f"medians of {args.rounds} rounds in turns, each round's order from "
+                            "a Williams design shuffled by random.Random(f'{seed} {case}'), "
+                            f"seed {args.seed}, the round's first sample discarded; "
+                            f"{sweep.AA}: base timed again as its own provider (its x_base: "
+                            "the run's noise floor)")
     result["questions"] = {q.name: {"why": q.why, "variants": {
         v: [vars(e) for e in edits] for v, edits in q.variants.items()}} for q in questions}
     result["rows"] = []
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         mine = {sweep.BASE: modules[sweep.BASE]}
         mine.update({sweep.variant_id(q.name, v): modules[sweep.variant_id(q.name, v)]
                      for v in q.variants})
-        case_rows = sweep.run_case(case, mine, args.rounds)
+        case_rows = sweep.run_case(case, mine, args.rounds, seed=f"{args.seed} {case}")
         result["rows"] += case_rows
         write()
         line = ", ".join(f"{r['provider'].split('__')[-1]} {r['pct_of_copy']:.1f}%"

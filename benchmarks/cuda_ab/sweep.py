@@ -1,9 +1,10 @@
 """The A/B sweep: for each question, each of its units (kind, pass, dtype) and each row length
-N, the base tree, the question's variants and a copy of the same bytes, timed in turns
-(round-robin, the order rotated each round) on one set of inputs; each variant's output is
-first checked against the float64 reference (fusednorm.reference) within twice the base's
-error. Rows: median ms with 20/80% quantiles, pct_of_copy (copy time over the provider's, x
-100) and x_base (base time over the provider's: > 1 is faster than base).
+N, the base tree, base again (an A/A control), the question's variants and a copy of the same
+bytes, timed in turns (each round in an order of a shuffled balanced design: time_in_turns)
+on one set of inputs; each variant's output is first checked against the float64 reference
+(fusednorm.reference) within twice the base's error. Rows: median ms with 20/80% quantiles,
+pct_of_copy (copy time over the provider's, x 100) and x_base (base time over the provider's:
+> 1 is faster than base); base_again's x_base is the run's noise floor and order bias.
 
 The device-independent parts (cases, statistics, rows, the table) take plain callables, so
 tests/test_cuda_ab.py runs them on the CPU.
@@ -11,6 +12,7 @@ tests/test_cuda_ab.py runs them on the CPU.
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 from typing import Callable
 
@@ -22,7 +24,9 @@ DEFAULT_N = (1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)
 DEFAULT_ELEMENTS = 1 << 26  # per tensor: far beyond L2 (M = elements // N rows)
 DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
 BASE = "base"
+AA = "base_again"  # base timed a second time as a provider of its own: the A/A control
 COPY = "copy"
+DEFAULT_ROUNDS = 15
 
 
 def variant_id(question: str, variant: str) -> str:
@@ -78,15 +82,47 @@ def quantiles(samples: list[float]) -> tuple[float, float, float]:
     return statistics.median(samples), q[1], q[7]
 
 
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams design of n slots: n orders (2n when n is odd) in which each slot is once in
+    every position (per n orders) and right after every other slot equally often (once, or
+    twice when n is odd)."""
+    first, lo, hi = [0], 1, n - 1
+    for j in range(1, n):
+        if j % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(f + i) % n for f in first] for i in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
+
+
 def time_in_turns(providers: dict[str, Callable[[], object]], rounds: int,
-                  timer: Callable[[Callable[[], object]], float]) -> dict[str, list[float]]:
-    """Each provider timed once per round by timer(fn) -> ms, in an order rotated each round
-    (no provider always follows the same one)."""
+                  timer: Callable[[Callable[[], object]], float],
+                  seed: int | str = 0) -> dict[str, list[float]]:
+    """Each provider timed once per round by timer(fn) -> ms. The rounds' orders come in
+    blocks of a Williams design (williams_rows), the providers assigned to its slots and the
+    block's orders shuffled by random.Random(seed) (a run is reproducible): in a block, each
+    provider takes every position and follows every other provider equally often. Each round
+    starts with a discarded sample of its first provider, so no kept sample follows the
+    previous round's last. Why: a sample depends on what ran before it (on an H200 one after
+    the copy of the pass's bytes is slower); a rotated order gave every provider a fixed
+    predecessor, so base always followed the copy."""
     names = list(providers)
     samples = {n: [] for n in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+    if not names:
+        return samples
+    rng = random.Random(seed)
+    block: list[list[str]] = []
+    for _ in range(rounds):
+        if not block:
+            slots = rng.sample(names, len(names))
+            block = [[slots[i] for i in row] for row in williams_rows(len(names))]
+            rng.shuffle(block)
+        order = block.pop()
+        timer(providers[order[0]])  # discarded
+        for name in order:
             samples[name].append(timer(providers[name]))
     return samples
 
@@ -117,7 +153,9 @@ def markdown(rows: list[dict]) -> str:
         providers = [p for p in dict.fromkeys(r["provider"] for r in mine) if p != COPY]
         short = [p.split("__", 1)[-1] for p in providers]
         out += [f"### {question}", "", QUESTIONS[question].why if question in QUESTIONS else "",
-                "", "% of copy (x base) per provider; ! = output off the reference.", "",
+                "", "% of copy (x base) per provider; ! = output off the reference; "
+                f"{AA}: base timed again as its own provider, its x base the run's noise "
+                "floor (a variant's gain counts beyond it).", "",
                 "| kind | pass | dtype | M x N | copy ms | " + " | ".join(short) + " |",
                 "|---|---|---|---|--:|" + "--:|" * len(short)]
         keys = dict.fromkeys((r["kind"], r["pass"], r["dtype"], r["M"], r["N"]) for r in mine)
@@ -251,16 +289,19 @@ def check_rows(case: Case, modules: dict, device: str, rows: int = 64) -> dict[s
 
 
 def run_case(case: Case, modules: dict, rounds: int, device: str = "cuda",
-             timer=None) -> list[dict]:
-    """modules: provider name -> variant module (BASE among them); adds the copy."""
+             timer=None, seed: int | str = 0) -> list[dict]:
+    """modules: provider name -> variant module (BASE among them); adds base again (AA: the
+    same module, a second callable) and the copy, timed in turns (time_in_turns, seed)."""
     ok = check_rows(case, modules, device)
+    ok[AA] = ok[BASE]
     t = tensors(case, case.M, device)
     modules[BASE].fwd(t["centered"], t["x"], None, t["w"], t["b"], t["eps"], t["y"], None,
                       t["mean"], t["rstd"])  # the statistics the backward reads
     src = torch.empty(pass_bytes(case) // 2 // t["x"].element_size(), dtype=t["x"].dtype,
                       device=device).normal_()
     dst = torch.empty_like(src)
-    providers = {name: call(m, case, t) for name, m in modules.items()}
+    providers = {BASE: call(modules[BASE], case, t), AA: call(modules[BASE], case, t)}
+    providers.update({name: call(m, case, t) for name, m in modules.items() if name != BASE})
     providers[COPY] = lambda: dst.copy_(src)
-    samples = time_in_turns(providers, rounds, timer or cuda_timer())
+    samples = time_in_turns(providers, rounds, timer or cuda_timer(), seed=seed)
     return rows_for(case, samples, ok)
