@@ -169,20 +169,6 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
                 "                     (sizeof(T) == 4 && RowLayout<TPR>::kBlock == 128) ? 512 : 1024)"),),
         }),
     Question(
-        "fwd_long_rows",
-        "H200, 2026-11-27 (eighth run, fwd_ceiling): the forward's rows in the 1024 x 8 "
-        "bucket (a lone block per multiprocessor) stay at 77-84% of copy (16-bit N = 65536) "
-        "and 86% (float32 N = 32768), and float32 at N = 65536, cut into two such chunks in "
-        "a cluster, at 60%; rows in 512 x 8 blocks (two per multiprocessor, a block per row "
-        "group) reach 89-96%. Without the 1024 x 8 bucket, rows over 4096 packs run as 512 x 8 "
-        "chunks held by a cluster (2 for 16-bit 65536 and float32 32768, 4 for float32 "
-        "65536): does that close the gap?",
-        _units(["layer_norm"], ["fwd"], ["bf16", "f32"]) + _units(["rms_norm"], ["fwd"], ["bf16"]),
-        {
-            "no_1024": (_fwd_table("{{32, 1}, {32, 2}, {32, 4}, {64, 4}, {128, 4}, {256, 4}, "
-                                   "{512, 4}, {512, 8}}"),),
-        }),
-    Question(
         "add_bwd_long_rows",
         "H200 (17cf9a2 file): add_layer_norm's bf16 backward at 36-49% of copy for N = "
         "16384-65536. 16-bit LayerNorm with a grad_sum takes buckets of at most 2 packs "
