@@ -352,13 +352,14 @@ def case_builder(suite: NormSuite, variant: Variant, M: int, N: int, dtype, devi
 
         def reference(outputs=None) -> list[torch.Tensor]:
             """float64 outputs and gradients; with dropout, those of the mask that the
-            provider's outputs show it drew (its dx is zero exactly where it dropped)."""
+            provider's outputs show it drew (norm_variants.kept_mask)."""
             x, dy = inputs[0]
             leaves = [t.detach().double().requires_grad_() for t in (x, *params)]
             if suite.residual:
                 h = leaves[0]
                 if variant.random:
-                    kept = norm_variants.kept_mask(outputs[len(suite.outputs)], variant.dropout_p)
+                    dx, dresidual = outputs[len(suite.outputs)], outputs[len(suite.outputs) + 2]
+                    kept = norm_variants.kept_mask(dx, variant.dropout_p, dresidual)
                     h = h * kept / (1 - variant.dropout_p)
                 if rowscale is not None:
                     h = h * rowscale.double()[:, None]
@@ -424,8 +425,8 @@ def bytes_notes(suite: NormSuite, variants: list[Variant]) -> list[str]:
             "forward's seed, not stored), and bwd counts that pass: dr read again and dx "
             "written (and rowscale, [M], read in fwd and bwd). Dropout's forward moves no more "
             "bytes than plain's. Dropout providers are checked against the float64 result of "
-            "the mask each drew (its dx is zero where it dropped; it must keep 1 - p of the "
-            "elements).")
+            "the mask each drew (its dx is zero where it dropped; an element whose dr is "
+            "zero counts as kept; it must keep 1 - p of the elements).")
     return notes
 
 

@@ -654,3 +654,28 @@ def test_host_ms_is_the_launching_time_per_call():
 
     ms = harness.host_ms(lambda: time.sleep(0.002), torch.device("cpu"), calls=5)
     assert 1.9 <= ms <= 20.0
+
+
+def test_dropout_mask_counts_an_element_kept_where_the_sum_gradient_is_zero():
+    """torch eager's bfloat16 dx = ds * mask / (1 - p) is zero where the rounded ds is
+    (about 1 in 2000 elements): read with the residual's gradient (ds itself), such an
+    element counts as kept (on the H200, at 67M elements, dx alone put eager's share 11
+    standard deviations low)."""
+    import torch.nn.functional as F
+
+    from benchmarks.norm_variants import kept_mask
+
+    torch.manual_seed(0)
+    n = 2048
+    x = (torch.randn(n, n) * 2 + 0.5).bfloat16().requires_grad_()
+    r = (torch.randn(n, n) * 2).bfloat16().requires_grad_()
+    h = F.dropout(x, 0.1)
+    s = h + r
+    y = F.layer_norm(s, (n,))
+    dx, dr = torch.autograd.grad([y, s], [x, r], [torch.randn(n, n).bfloat16(),
+                                                   torch.randn(n, n).bfloat16()])
+    truth = h != 0
+    assert (~kept_mask(dx, 0.1) & truth).sum() > 0  # dx alone misreads kept elements here
+    kept = kept_mask(dx, 0.1, dr)
+    assert not (~kept & truth).any()
+    assert torch.equal(kept[dr != 0], truth[dr != 0])
