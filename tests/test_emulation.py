@@ -652,6 +652,32 @@ def test_emulated_backward_row_state_in_shared_memory(row_state_harness, t, p):
         + xgrad_cases(t, p, "res", ["xgrad drop=0.5 rowscale"]))
 
 
+@pytest.fixture(scope="module")
+def staged_rows_harness(tmp_path_factory):
+    """The harness with norm_config.cuh's kBwdStagedRow on for the 16-bit one-row backward
+    kernels (production: off), the CUDA A/B tool's bwd16_staged_rows variant: the next row's
+    x and dy copied by cp.async, which the emulator lands only at the wait that covers it
+    (reading before it failed every case of 4096 and more)."""
+    sys.path.insert(0, REPO)
+    from benchmarks.cuda_ab.variants import QUESTIONS
+
+    edits = QUESTIONS["bwd16_staged_rows"].variants["staged"]
+    return _edited_harness(tmp_path_factory, "staged_rows", edits)
+
+
+@pytest.mark.parametrize("t, p", SIXTEEN_BIT_PAIRS, ids=[f"{t}-{p}" for t, p in SIXTEEN_BIT_PAIRS])
+def test_emulated_backward_staged_rows(staged_rows_harness, t, p):
+    """The 16-bit backward with the next row staged in shared memory, in every path (buckets,
+    one-element packs, misaligned views, chunked and clustered rows, RMSNorm and grad_sum,
+    rows far from zero, the input gradient with dropout)."""
+    check_all_ok(staged_rows_harness,
+                 cases_for("bwd", t, p)
+                 + [line for v in VARIANTS for line in family_cases("bwd", t, p, v)])
+    check_ok_with_cluster_launches(
+        staged_rows_harness, cluster_cases("bwd", t, p) + far_cases("bwd", t, p)
+        + xgrad_cases(t, p, "res", ["xgrad drop=0.5 rowscale"]))
+
+
 # ---- the GELU-FFN's kernels (tests/emulation/gelu_ffn_emulated.cpp) ----------------------
 
 @pytest.fixture(scope="module")

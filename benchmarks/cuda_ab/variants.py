@@ -203,6 +203,25 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
                                           _BWD16_CLUSTER_ROW_STATE),
         }),
     Question(
+        "bwd16_staged_rows",
+        "H200, 2026-11-28 (ninth run): the 16-bit backward's one-row blocks (128-512 x 4, "
+        "N >= 4096; one block of 512 x 4 per multiprocessor at 128 registers for N = "
+        "8193-16384, clustered chunks beyond) reach 47-58% of copy (LayerNorm) and 51-73% "
+        "(RMSNorm) at N >= 12288: while a lone block reduces and writes a row, nothing is "
+        "loaded. The next row in registers (kBwdNextRow) needs the column sums in shared "
+        "memory, and lost 5-15%. Does the next row's x and dy staged in shared memory by "
+        "cp.async (each thread its own packs, two buffers: 128 KB at 512 x 4; no barrier, no "
+        "registers) keep loads in flight and win?",
+        _units(["layer_norm", "rms_norm"], ["bwd"], ["bf16"])
+        + (Unit("layer_norm", "bwd", "bf16", grad_sum=True),),
+        {
+            "staged": (Edit(
+                CONFIG, "constexpr bool kBwdStagedRow = false;",
+                "constexpr bool kBwdStagedRow = sizeof(T) == 2 && VEC * sizeof(T) == 16 &&\n"
+                "                                RowLayout<TPR>::kRows == 1 &&\n"
+                "                                !kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>;"),),
+        }),
+    Question(
         "fwd16_shifted_sums",
         "H200, 2026-11-27 (eighth run): the 16-bit LayerNorm forward reaches 86-95% of copy "
         "where RMSNorm's reaches 94-97%, and the kernels are bound by their instruction "

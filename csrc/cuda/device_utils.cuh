@@ -227,6 +227,40 @@ __device__ __forceinline__ acc_t* dynamic_shared() {
 #endif
 }
 
+// cp.async: 16 bytes from global to shared memory in the background (sm_80 and newer), zero
+// where !valid (then src is not read). A thread's copies form a group at async_commit;
+// async_wait<n>() returns once all but its newest n groups have landed. Used for what a
+// thread itself reads back (its own slots): no barrier is needed.
+__device__ __forceinline__ void async_copy16(void* smem, const void* src, bool valid) {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::async_copy(smem, src, 16, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *static_cast<uint4*>(smem) = valid ? *static_cast<const uint4*>(src) : uint4{0, 0, 0, 0};
+#endif
+}
+
+__device__ __forceinline__ void async_commit() {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int kNewest>
+__device__ __forceinline__ void async_wait() {
+#ifdef FUSEDNORM_EMULATION
+  ::emu::async_wait(kNewest);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kNewest) : "memory");
+#endif
+}
+
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace fusednorm::cuda

@@ -964,13 +964,18 @@ struct SharedColumnSums {
   }
 };
 
-// Bytes of dynamic shared memory a backward kernel takes (its SharedColumnSums, or none).
+// Packs of a backward kernel's staged rows (kBwdStagedRow): [2 buffers][x, dy][ITEMS][TPR].
+template <int TPR, int ITEMS>
+constexpr int kBwdStagePacks = 2 * 2 * ITEMS * TPR;
+
+// Bytes of dynamic shared memory a backward kernel takes (its SharedColumnSums, its staged
+// rows, or none).
 template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER, bool CENTERED>
 constexpr int kBwdSharedBytes =
     kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>
         ? SharedColumnSums<acc_type_t<T>, VEC, TPR, ITEMS, CENTERED>::kWords *
               int(sizeof(acc_type_t<T>))
-        : 0;
+        : kBwdStagedRow<T, VEC, TPR, ITEMS, CLUSTER> ? kBwdStagePacks<TPR, ITEMS> * 16 : 0;
 
 template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CLUSTER = false,
           bool CENTERED = true, typename IO = T, typename... InputGrad>
@@ -993,11 +998,19 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
   constexpr bool kNextRow = kBwdNextRow<T, VEC, TPR, ITEMS, CLUSTER>;
   static_assert(!(kSharedSums || kNextRow) || Layout::kRows == 1,
                 "the sums in shared memory and the next row's loads: one row per block");
+  constexpr bool kStaged = kBwdStagedRow<T, VEC, TPR, ITEMS, CLUSTER>;
+  static_assert(!kStaged || (Layout::kRows == 1 && !kSharedSums && !kNextRow &&
+                             sizeof(T) == 2 && std::is_same_v<T, IO> && VEC * sizeof(T) == 16),
+                "staged rows: 16-bit one-row kernels of 16-byte packs, alone");
   using Sums = SharedColumnSums<acc_t, VEC, TPR, ITEMS, CENTERED>;
 
   const int tid = threadIdx.x % TPR;
   Sums shared_sums{nullptr, tid};
   if constexpr (kSharedSums) shared_sums.words = dynamic_shared<acc_t, Sums::kWords>();
+  // kStaged: buffer b's tensor k (x, dy) pack i of this thread at stage[((b * 2 + k) *
+  // ITEMS + i) * TPR + tid]; each thread reads back only what it copied.
+  Pack<T, VEC>* stage = nullptr;
+  if constexpr (kStaged) stage = dynamic_shared<Pack<T, VEC>, kBwdStagePacks<TPR, ITEMS>>();
   const int slot = threadIdx.x / TPR;
   const int64_t groups = ceil_div(p.M, Layout::kRows);
   const bool param_grads =
@@ -1067,6 +1080,23 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       }
     };
     if constexpr (kNextRow) load_next(blockIdx.x);
+    // kStaged: copies the packs of group g2's row (zeros past the rows) into buffer `buf`.
+    const auto stage_row = [&](int64_t g2, int buf) {
+      const int64_t row2 = g2 * Layout::kRows + slot;
+      const bool ok = g2 < groups && row2 < p.M;
+      const int64_t base2 = (ok ? row2 * p.N : 0) + col0;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int off = (i * TPR + tid) * VEC;
+        const bool copy = ok && off < len;
+        const int64_t at = base2 + (copy ? off : 0);
+        async_copy16(stage + ((buf * 2 + 0) * ITEMS + i) * TPR + tid, p.x + at, copy);
+        async_copy16(stage + ((buf * 2 + 1) * ITEMS + i) * TPR + tid, p.dy + at, copy);
+      }
+      async_commit();
+    };
+    int next_buf = 0;
+    if constexpr (kStaged) stage_row(blockIdx.x, next_buf);
 
     for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
       const int64_t row = g * Layout::kRows + slot;
@@ -1077,6 +1107,14 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
       acc_t factor = 0;  // INPUT_GRAD: what a kept element of the row is multiplied by
       if constexpr (INPUT_GRAD) {
         if (row_ok) factor = row_factor(ig, row);
+      }
+      const int buf = next_buf;
+      if constexpr (kStaged) {
+        // The next row's copies go out first, to be in flight through all of this row; then
+        // this row's (every group but that newest one) must have landed.
+        next_buf ^= 1;
+        stage_row(g + gridDim.x, next_buf);
+        async_wait<1>();
       }
 
       Pack<T, VEC> xs[ITEMS];
@@ -1089,6 +1127,9 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
           if constexpr (kNextRow) {
             xs[i] = x_next[i];
             dys[i] = dy_next[i];
+          } else if constexpr (kStaged) {
+            xs[i] = stage[((buf * 2 + 0) * ITEMS + i) * TPR + tid];
+            dys[i] = stage[((buf * 2 + 1) * ITEMS + i) * TPR + tid];
           } else {
             xs[i] = load_pack<VEC>(x + off);
             dys[i] = load_pack<VEC>(dy + off);
@@ -1237,6 +1278,8 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
         }
       }
     }
+    // The last stage (past the rows) lands before the buffers serve another chunk.
+    if constexpr (kStaged) async_wait<0>();
 
     if (param_grads) {
       if constexpr (Layout::kRows > 1) {

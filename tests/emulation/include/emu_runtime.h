@@ -104,6 +104,17 @@ struct Fiber {
   bool started = false;
   bool done = false;
   long collective_ops = 0;  // warp shuffles this thread has done: lanes must agree
+  // cp.async (async_copy): the copies issued since the last commit, and the committed groups
+  // not yet waited for, oldest first. A copy lands only at the wait that covers it, so a
+  // read of its slot before that wait sees what was there before.
+  struct Copy {
+    void* dst;
+    const void* src;
+    int bytes;
+    bool valid;
+  };
+  std::vector<Copy> open_copies;
+  std::vector<std::vector<Copy>> copy_groups;
 };
 
 enum class Order { kAscending, kDescending, kShuffled };
@@ -366,6 +377,36 @@ T shfl_xor_sync(unsigned mask, T value, int lane_mask) {
   std::memcpy(&out, &theirs, sizeof(T));
   warp_rendezvous(w, op);  // every lane has read before any writes the next exchange
   return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// cp.async
+
+inline void async_copy(void* dst, const void* src, int bytes, bool valid) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes || (valid && reinterpret_cast<uintptr_t>(src) % bytes)) {
+    fail("cp.async: a misaligned address");
+  }
+  block_state().current->open_copies.push_back({dst, src, bytes, valid});
+}
+
+inline void async_commit() {
+  Fiber& f = *block_state().current;
+  f.copy_groups.push_back(std::move(f.open_copies));
+  f.open_copies.clear();
+}
+
+inline void async_wait(int newest) {
+  Fiber& f = *block_state().current;
+  while (int(f.copy_groups.size()) > newest) {
+    for (const Fiber::Copy& c : f.copy_groups.front()) {
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, c.bytes);
+      } else {
+        std::memset(c.dst, 0, c.bytes);
+      }
+    }
+    f.copy_groups.erase(f.copy_groups.begin());
+  }
 }
 
 // ---------------------------------------------------------------------------------------
