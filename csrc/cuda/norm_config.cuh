@@ -232,7 +232,7 @@ template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
 constexpr bool kBwdNextRow = kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>;
 // The block's next row staged in shared memory instead (kBwdStagedRow): each thread copies its
 // own packs of the next row's x and dy there with cp.async while it reduces and writes the
-// current one (two buffers, 32 * ITEMS * TPR bytes of dynamic shared memory), so loads stay
+// current one (two buffers, 64 * ITEMS * TPR bytes of dynamic shared memory), so loads stay
 // in flight without the registers kBwdNextRow takes. 16-bit one-row kernels only (IO = T,
 // 16-byte packs of both). Off: a CUDA A/B question (bwd16_staged_rows), not yet timed.
 template <typename T, int VEC, int TPR, int ITEMS, bool CLUSTER>
