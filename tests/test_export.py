@@ -119,27 +119,32 @@ def _crash(code, output, kind):
 @pytest.mark.parametrize("device", DEVICES)
 def test_aot_inductor_package_calls_the_fused_ops(device, tmp_path):
     """AOTInductor keeps each fused op an extern call; its package computes what the module does.
-    In a child: torch 2.11's CUDA loader segfaulted pytest; if the child crashes, a control
-    without fusednorm tells torch's crash (skip) from fusednorm's (fail)."""
+    In a child: torch 2.11's CUDA loader segfaulted pytest. If the child crashes, controls
+    without fusednorm (no extern call; a Python custom op of fusednorm's argument kinds) tell
+    torch's crash (skip) from fusednorm's (fail)."""
     code, output = _run_aoti_child("fused", device, tmp_path / "fused")
     if code > 0:
         pytest.fail(f"the AOTInductor child on {device} failed (exit {code}); its output "
                     f"ends:\n{output[-8000:]}")
-    if code < 0:
-        where = f"torch {torch.__version__} on {device}"
-        if device == "cuda":
-            where += f" ({torch.cuda.get_device_name()}, CUDA {torch.version.cuda})"
-        crash = f"AOTInductor crashes ({_crash(code, output, 'fused')}) under {where}"
-        control_code, control_output = _run_aoti_child("control", device, tmp_path / "control")
+    if code == 0:
+        return
+    where = f"torch {torch.__version__} on {device}"
+    if device == "cuda":
+        where += f" ({torch.cuda.get_device_name()}, CUDA {torch.version.cuda})"
+    crash = f"AOTInductor crashes ({_crash(code, output, 'fused')}) under {where}"
+    controls = {"control": "LayerNorm + Linear, no extern call",
+                "custom_op": "a Python custom op of fusednorm's argument kinds"}
+    for kind, what in controls.items():
+        control_code, control_output = _run_aoti_child(kind, device, tmp_path / kind)
         if control_code < 0:
-            pytest.skip(f"{crash}, also for LayerNorm + Linear without fusednorm's ops (control: "
-                        f"{_crash(control_code, control_output, 'control')}): a torch defect, "
-                        "the check cannot run here")
-        if control_code == 0:
-            pytest.fail(f"{crash} with fusednorm's ops, and the control without them (LayerNorm "
-                        "+ Linear) passed: fusednorm's defect. The crashed child's output "
-                        f"ends:\n{output[-8000:]}")
-        pytest.fail(f"{crash} with fusednorm's ops, and the control without them (LayerNorm + "
-                    f"Linear) failed without crashing (exit {control_code}): whose crash it is "
-                    f"is not known. The control's output ends:\n{control_output[-2000:]}\nThe "
-                    f"crashed child's output ends:\n{output[-8000:]}")
+            pytest.skip(f"{crash}, also for {what} without fusednorm (control: "
+                        f"{_crash(control_code, control_output, kind)}): a torch defect, the "
+                        "check cannot run here")
+        if control_code > 0:
+            pytest.fail(f"{crash} with fusednorm's ops, and the control without them ({what}) "
+                        f"failed without crashing (exit {control_code}): whose crash it is is "
+                        f"not known. The control's output ends:\n{control_output[-2000:]}\nThe "
+                        f"crashed child's output ends:\n{output[-8000:]}")
+    pytest.fail(f"{crash} with fusednorm's ops, and both controls without them ("
+                + "; ".join(controls.values()) + ") passed: fusednorm's defect. The crashed "
+                f"child's output ends:\n{output[-8000:]}")
