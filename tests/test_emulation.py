@@ -639,6 +639,32 @@ def test_emulated_forward_shifted_sums(shifted_sums_harness, t, p):
         + outlier_cases(t, p) + outlier_cases(t, p, "outliers") + dropout_cases(t, p, "res"))
 
 
+@pytest.fixture(scope="module")
+def fwd_staged_rows_harness(tmp_path_factory):
+    """The harness with norm_config.cuh's kFwdStagedRow on for the forward kernels of 4096
+    packs and more (production: off), the CUDA A/B tool's fwd_staged_rows variant of the
+    widest reach: the next row's x copied by cp.async, landed by the emulator only at the
+    wait that covers it."""
+    sys.path.insert(0, REPO)
+    from benchmarks.cuda_ab.variants import QUESTIONS
+
+    edits = QUESTIONS["fwd_staged_rows"].variants["from_4096_packs"]
+    return _edited_harness(tmp_path_factory, "fwd_staged_rows", edits)
+
+
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_forward_staged_rows(fwd_staged_rows_harness, t, p):
+    """The forward with the next row's x staged in shared memory, in every path (buckets,
+    one-element packs, misaligned views, chunked rows in three launches, clustered rows, the
+    residual variants, rows far from zero, dropout, which keeps its loads)."""
+    check_all_ok(fwd_staged_rows_harness,
+                 cases_for("fwd", t, p)
+                 + [line for v in VARIANTS for line in family_cases("fwd", t, p, v)])
+    check_ok_with_cluster_launches(
+        fwd_staged_rows_harness, cluster_cases("fwd", t, p) + far_cases("fwd", t, p)
+        + dropout_cases(t, p, "res"))
+
+
 def check_every_backward_path(harness, t, p):
     """The backward's cases in every path on a variant's harness: buckets, one-element packs,
     misaligned views, chunked and clustered rows, RMSNorm and grad_sum, rows far from zero,

@@ -129,6 +129,15 @@ _GRAD_SUM_CLUSTERS_OF_256 = Edit(
 _FWD16_SHIFTED_SUMS = Edit(CONFIG, "template <typename T>\nconstexpr bool kFwdShiftedSums = false;",
                            "template <typename T>\nconstexpr bool kFwdShiftedSums = sizeof(T) == 2;")
 
+# The forward's next row of x staged in shared memory by cp.async (kFwdStagedRow), for the
+# one-row kernels of 16-byte packs of x without dropout whose rows hold `rule`.
+def _fwd_staged_rows(rule: str) -> Edit:
+    return Edit(CONFIG, "constexpr bool kFwdStagedRow = false;",
+                "constexpr bool kFwdStagedRow =\n"
+                "    std::is_same_v<T, IO> && VEC * sizeof(T) == 16 && !DROPOUT &&\n"
+                "    RowLayout<TPR>::kRows == 1 && " + rule + ";")
+
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -220,6 +229,26 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
                 "constexpr bool kBwdStagedRow = sizeof(T) == 2 && VEC * sizeof(T) == 16 &&\n"
                 "                                RowLayout<TPR>::kRows == 1 &&\n"
                 "                                !kBwdSharedSums<T, VEC, TPR, ITEMS, CLUSTER>;"),),
+        }),
+    Question(
+        "fwd_staged_rows",
+        "H200, 2026-11-28 (ninth run): the forward's rows in a lone block per multiprocessor "
+        "(the 1024 x 8 bucket: 16-bit N = 32769-65536, float32 16385-32768, and float32's "
+        "clustered chunks beyond) reach 70-78% (16-bit N = 65536) and 57-86% (float32) of "
+        "copy where rows in blocks that share a multiprocessor reach 79-96%: a lone block "
+        "loads its row, then reduces and writes it with no loads in flight (its 91 us at "
+        "2^26 bf16 elements against an instruction floor of about 69 us). The next row in "
+        "registers has no room at 64 registers, and chunks of 512 x 8 in clusters lost "
+        "(fwd_long_rows). Does the next row's x, copied by cp.async into shared memory (each "
+        "thread its own packs, 128 KB, issued once the row's statistics are reduced), keep "
+        "loads in flight while a row is written, and win? In the lone blocks only, or in "
+        "the 512 x 8 blocks (two a multiprocessor) too?",
+        _units(["layer_norm"], ["fwd"], ["bf16", "f32"])
+        + _units(["rms_norm"], ["fwd"], ["bf16"])
+        + (Unit("layer_norm", "fwd", "bf16", residual=True),),
+        {
+            "lone_blocks": (_fwd_staged_rows("kFwdMinBlocks<T, P, TPR, ITEMS> == 1"),),
+            "from_4096_packs": (_fwd_staged_rows("TPR * ITEMS >= 4096"),),
         }),
     Question(
         "fwd16_shifted_sums",

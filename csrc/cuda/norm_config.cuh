@@ -158,6 +158,16 @@ constexpr int kHoistBytes = 32;
 template <typename P, int VEC, int ITEMS>
 constexpr bool kHoistFwdParams = ITEMS * VEC * sizeof(P) <= kHoistBytes;
 
+// Whether a forward kernel stages its block's next row of x in shared memory
+// (kFwdStagedRow): each thread copies its own packs of the next row there with cp.async once
+// the current row's statistics are reduced (every value it read back is consumed by then),
+// and reads them back at the next row's top, so that a lone block has loads in flight while it
+// writes a row (16 x ITEMS x TPR bytes of dynamic shared memory: 128 KB for the largest
+// bucket). One-row kernels of 16-byte packs of x (IO = T), without dropout. Off: a CUDA A/B
+// question (fwd_staged_rows), not yet timed.
+template <typename T, typename P, typename IO, int VEC, int TPR, int ITEMS, bool DROPOUT>
+constexpr bool kFwdStagedRow = false;
+
 // ---------------------------------------------------------------------------------------
 // Backward launch bounds and grad_sum
 

@@ -484,6 +484,15 @@ __device__ __forceinline__ acc_type_t<T> row_shift_dropout(
   });
 }
 
+// Packs of a forward kernel's staged row (kFwdStagedRow): [ITEMS][TPR].
+template <int TPR, int ITEMS>
+constexpr int kFwdStagePacks = ITEMS * TPR;
+
+// Bytes of dynamic shared memory a forward kernel takes (its staged row, or none).
+template <typename T, typename P, typename IO, int VEC, int TPR, int ITEMS, bool DROPOUT>
+constexpr int kFwdSharedBytes =
+    kFwdStagedRow<T, P, IO, VEC, TPR, ITEMS, DROPOUT> ? kFwdStagePacks<TPR, ITEMS> * 16 : 0;
+
 // Statistics are taken of x - shift with shift = the median of the row's first three
 // values (row_shift, as the CPU kernel does), so that a row far from zero (1e4 + noise)
 // keeps the noise's precision; shift + mean(x - shift) = mean + rest (nearest_and_rest),
@@ -514,6 +523,14 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
   // (the float64 one spilled with the apply mode's loads in it).
   const int mode = CLUSTER ? int(kFull) : p.mode;
   constexpr bool kHoistParams = kHoistFwdParams<P, VEC, ITEMS>;
+  constexpr bool kStaged = kFwdStagedRow<T, P, IO, VEC, TPR, ITEMS, DROPOUT>;
+  static_assert(!kStaged || (Layout::kRows == 1 && std::is_same_v<T, IO> &&
+                             VEC * sizeof(T) == 16 && !DROPOUT),
+                "staged rows: one-row kernels of 16-byte packs of x, without dropout");
+  // kStaged: pack i of this thread's next row at stage[i * TPR + tid]; each thread reads back
+  // only what it copied.
+  Pack<T, VEC>* stage = nullptr;
+  if constexpr (kStaged) stage = dynamic_shared<Pack<T, VEC>, kFwdStagePacks<TPR, ITEMS>>();
   int parity = 0;
 #if !defined(FUSEDNORM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // Clustered launches need sm_90 (resident_clusters); below it a clustered instantiation
@@ -537,6 +554,20 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
     // Elements of this chunk (at most one bucket's capacity, so offsets in it fit an int).
     const int len = static_cast<int>(std::min(p.chunk, p.N - col0));
     const acc_t inv_len = c + 1 < p.chunks ? p.inv_chunk : p.inv_last_chunk;  // 1 / len
+    // kStaged: copies this chunk of row group g2's row (one row per block) into the stage, as
+    // one cp.async group; nothing past the rows (g2 is the same for the whole block).
+    const auto stage_row = [&](int64_t g2) {
+      if (g2 >= groups) return;
+      const int64_t first2 = g2 * p.N + col0 + int64_t(tid) * VEC;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if ((i * TPR + tid) * VEC < len) {
+          async_copy16(stage + i * TPR + tid, p.x + first2 + i * TPR * VEC, true);
+        }
+      }
+      async_commit();
+    };
+    if constexpr (kStaged) stage_row(blockIdx.x);
     // Small buckets keep their parameter packs in registers for all the block's rows
     // (loaded once, not after each row's reduction: a cache round trip per row).
     Pack<P, VEC> w_hoisted[kHoistParams ? ITEMS : 1], b_hoisted[kHoistParams ? ITEMS : 1];
@@ -567,11 +598,16 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
       // Read this thread's packs; the valid ones are a prefix of the ITEMS.
       Pack<T, VEC> xs[ITEMS];
       int valid = 0;
+      if constexpr (kStaged) async_wait<0>();  // this row's copies have landed
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         const int off = (i * TPR + tid) * VEC;
         if (row_ok && off < len) {
-          xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));
+          if constexpr (kStaged) {
+            xs[i] = stage[i * TPR + tid];
+          } else {
+            xs[i] = pack_as<T>(load_pack<VEC>(p.x + first + i * kStride));
+          }
           if (has_residual(p)) {
             // s = x + residual, rounded to T: the sum output, and what is normalized (its
             // rounded values, as the backward sees them).
@@ -629,6 +665,9 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
         }
         sum_sq = row_sum_sq[0];
         parity ^= 1;
+        // The next row's copies go out once this row's values are consumed (the reduction's
+        // barrier is behind them), to be in flight while this row is written.
+        if constexpr (kStaged) stage_row(g + gridDim.x);
         if (mode == kPartial) {
           if (row_ok && tid == 0) {
             acc_t* out = p.partial + (row * p.chunks + c) * 3;
@@ -682,6 +721,7 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
           s = cluster_merge(s, cluster_slots[parity][slot], tid == 0, int(p.chunks));
         }
         parity ^= 1;
+        if constexpr (kStaged) stage_row(g + gridDim.x);  // (as RMSNorm's above)
         if (mode == kPartial) {
           if (row_ok && tid == 0) {
             acc_t* out = p.partial + (row * p.chunks + c) * 3;
@@ -764,6 +804,10 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
           }
           store_pack<VEC>(p.y + first + i * kStride, out);
         }
+      }
+      // The apply pass reduces nothing: its next row goes out once this one is written.
+      if constexpr (kStaged) {
+        if (mode == kApply) stage_row(g + gridDim.x);
       }
     }
   }
@@ -1461,20 +1505,21 @@ dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>*
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-// The grid of a forward row kernel (cache: its occupancy): over whole rows, where a
+// The grid of a forward row kernel (cache: its occupancy; smem: its dynamic shared memory): over whole rows, where a
 // multiprocessor holds several of its blocks, a block per row group rather than one wave of
 // blocks looping over the rows, as the wave's blocks load and reduce in step while blocks
 // that start as others finish keep loads in flight; else (chunked rows, whose partial and
 // cluster launches the wave sizes, or a lone block per multiprocessor) the wave. (The
 // forward kernels' A/B on the H200, docs/gpu_runs/README.md.)
 template <int TPR, typename Kernel, typename Params>
-dim3 fwd_rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache) {
-  const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache);
+dim3 fwd_rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache,
+                   int smem) {
+  const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache, smem);
   if (p.chunks == 1 && per_sm > 1) {
     const int64_t groups = ceil_div(p.M, RowLayout<TPR>::kRows);
     return dim3(static_cast<unsigned>(std::clamp<int64_t>(groups, 1, INT_MAX)));
   }
-  return rows_grid<TPR>(kernel, p, dev, cache);  // (the occupancy asked again: cached)
+  return rows_grid<TPR>(kernel, p, dev, cache, smem);  // (the occupancy asked again: cached)
 }
 
 // smem: bytes of dynamic shared memory; extra: the arguments after p (the dropout kernels'
@@ -1506,13 +1551,16 @@ template <typename T, typename P, int VEC, int TPR, int ITEMS, bool CENTERED, bo
 bool try_launch_fwd_cluster(const FwdParams<T, P, IO>& p, dim3 grid, DeviceInfo dev,
                             cudaStream_t stream, const Extra&... extra) {
   static std::atomic<int> cache[kMaxCachedDevices][kMaxClusterBlocks + 1];
+  static std::atomic<bool> smem_allowed[kMaxCachedDevices];
   constexpr auto kernel = fwd_kernel<T, P, VEC, TPR, ITEMS, true, CENTERED, IO, DROPOUT>();
   constexpr int kBlock = RowLayout<TPR>::kBlock;
+  constexpr int kSmem = kFwdSharedBytes<T, P, IO, VEC, TPR, ITEMS, DROPOUT>;
   if (grid.y != p.chunks) return false;
-  const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), 0, dev.index, cache);
+  allow_dynamic_shared(kernel, kSmem, dev, smem_allowed);
+  const int clusters = resident_clusters(kernel, kBlock, int(p.chunks), kSmem, dev.index, cache);
   if (clusters == 0) return false;
   grid.x = std::min(grid.x, unsigned(clusters));
-  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), 0, stream, p, extra...);
+  launch_cluster_kernel(kernel, grid, kBlock, dim3(1, grid.y, 1), kSmem, stream, p, extra...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -1566,10 +1614,13 @@ void run_fwd(const NormFwdArgs<T, P, IO>& a, Workspace& ws, DeviceInfo dev, cuda
     constexpr int kItems = decltype(items)::value;
     constexpr auto kernel = fwd_kernel<T, P, VEC, kTpr, kItems, false, CENTERED, IO, DROPOUT>();
     static std::atomic<int> occupancy[kMaxCachedDevices];  // this kernel's
-    const dim3 grid = fwd_rows_grid<kTpr>(kernel, p, dev, occupancy);
+    static std::atomic<bool> smem_allowed[kMaxCachedDevices];
+    constexpr int kSmem = kFwdSharedBytes<T, P, IO, VEC, kTpr, kItems, DROPOUT>;
+    allow_dynamic_shared(kernel, kSmem, dev, smem_allowed);
+    const dim3 grid = fwd_rows_grid<kTpr>(kernel, p, dev, occupancy, kSmem);
     const auto launch = [&] {
       with_extra([&](const auto&... extra) {
-        launch_rows<kTpr>(kernel, p, grid, 0, stream, extra...);
+        launch_rows<kTpr>(kernel, p, grid, kSmem, stream, extra...);
       });
     };
     if (split.chunks == 1) {
