@@ -138,6 +138,16 @@ def _fwd_staged_rows(rule: str) -> Edit:
                 "    RowLayout<TPR>::kRows == 1 && " + rule + ";")
 
 
+# The launch bound of the 16-bit backward kernels of 16-byte packs and at most 2 packs per
+# thread (16-bit LayerNorm with a grad_sum, BwdVecBucketsGradSum16, and the plain table's
+# 32 x 1 and 32 x 2) that also meet `rule` (C++ appended to the condition): `threads` per
+# multiprocessor instead of 512.
+def _bwd16_two_pack_threads(threads: int, rule: str) -> Edit:
+    return Edit(CONFIG, "    : sizeof(T) != 2 || ITEMS != 4                       ? 512\n",
+                f"    : sizeof(T) == 2 && VEC > 1 && ITEMS <= 2{rule}            ? {threads}\n"
+                "    : sizeof(T) != 2 || ITEMS != 4                       ? 512\n")
+
+
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question(
         "rows_of_12288",
@@ -249,6 +259,23 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
         {
             "lone_blocks": (_fwd_staged_rows("kFwdMinBlocks<T, P, TPR, ITEMS> == 1"),),
             "from_4096_packs": (_fwd_staged_rows("TPR * ITEMS >= 4096"),),
+        }),
+    Question(
+        "bwd16_two_pack_bounds",
+        "H200, 2026-11-28 (ninth run): add_layer_norm's bf16 backward reaches 61-65% of copy "
+        "at N = 1024-8192, where LayerNorm's plain backward reaches 77-89%. Its kernels (the "
+        "grad_sum table, BwdVecBucketsGradSum16: at most 2 packs per thread) are compiled for "
+        "512 threads per multiprocessor and take 110-117 registers, so a multiprocessor holds "
+        "16 warps with 48 KB of loads in flight. At 768 or 1024 threads they spill (24-168 "
+        "bytes, static SASS); with their column sums in shared memory (kBwdSharedSums) the "
+        "one-row ones (128 x 2, 256 x 2) fit 768 threads at 80 registers without spilling. "
+        "Do the warps they add win (N = 2048-4096; 512 x 2 keeps one block of 512)? "
+        "(shared_sums: the sums in shared memory at 512 threads, the control.)",
+        (Unit("layer_norm", "bwd", "bf16", grad_sum=True),),
+        {
+            "shared_sums": BWD_ROW_STATE_EVERYWHERE + (_BWD_NEXT_ROW_AS_IS,),
+            "shared_sums_768": BWD_ROW_STATE_EVERYWHERE + (_BWD_NEXT_ROW_AS_IS, _bwd16_two_pack_threads(
+                768, " && RowLayout<TPR>::kRows == 1")),
         }),
     Question(
         "fwd16_shifted_sums",

@@ -558,12 +558,12 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
     // one cp.async group; nothing past the rows (g2 is the same for the whole block).
     const auto stage_row = [&](int64_t g2) {
       if (g2 >= groups) return;
-      const int64_t first2 = g2 * p.N + col0 + int64_t(tid) * VEC;
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if ((i * TPR + tid) * VEC < len) {
-          async_copy16(stage + i * TPR + tid, p.x + first2 + i * TPR * VEC, true);
-        }
+      // One address at a time (not unrolled): cp.async takes no offset on its global
+      // address, so the unrolled copies held 8 addresses of 64 bits beside the row's packs.
+      const IO* src = p.x + g2 * p.N + col0 + int64_t(tid) * VEC;
+#pragma unroll 1
+      for (int i = 0; i < ITEMS && (i * TPR + tid) * VEC < len; ++i, src += TPR * VEC) {
+        async_copy16(stage + i * TPR + tid, src, true);
       }
       async_commit();
     };
@@ -1128,14 +1128,14 @@ __global__ void __launch_bounds__(RowLayout<TPR>::kBlock,
     const auto stage_row = [&](int64_t g2, int buf) {
       const int64_t row2 = g2 * Layout::kRows + slot;
       const bool ok = g2 < groups && row2 < p.M;
-      const int64_t base2 = (ok ? row2 * p.N : 0) + col0;
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int off = (i * TPR + tid) * VEC;
-        const bool copy = ok && off < len;
-        const int64_t at = base2 + (copy ? off : 0);
-        async_copy16(stage + ((buf * 2 + 0) * ITEMS + i) * TPR + tid, p.x + at, copy);
-        async_copy16(stage + ((buf * 2 + 1) * ITEMS + i) * TPR + tid, p.dy + at, copy);
+      // A pack of each at a time (not unrolled), as the forward's stage_row.
+      int64_t at = (ok ? row2 * p.N : 0) + col0 + int64_t(tid) * VEC;
+#pragma unroll 1
+      for (int i = 0; i < ITEMS; ++i, at += TPR * VEC) {
+        const bool copy = ok && (i * TPR + tid) * VEC < len;
+        const int64_t from = copy ? at : 0;
+        async_copy16(stage + ((buf * 2 + 0) * ITEMS + i) * TPR + tid, p.x + from, copy);
+        async_copy16(stage + ((buf * 2 + 1) * ITEMS + i) * TPR + tid, p.dy + from, copy);
       }
       async_commit();
     };
@@ -1505,17 +1505,19 @@ dim3 rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>*
   return row_grid(ceil_div(p.M, RowLayout<TPR>::kRows), p.chunks, int64_t(per_sm) * dev.sm_count);
 }
 
-// The grid of a forward row kernel (cache: its occupancy; smem: its dynamic shared memory): over whole rows, where a
-// multiprocessor holds several of its blocks, a block per row group rather than one wave of
-// blocks looping over the rows, as the wave's blocks load and reduce in step while blocks
-// that start as others finish keep loads in flight; else (chunked rows, whose partial and
-// cluster launches the wave sizes, or a lone block per multiprocessor) the wave. (The
-// forward kernels' A/B on the H200, docs/gpu_runs/README.md.)
+// The grid of a forward row kernel (cache: its occupancy; smem: its dynamic shared memory,
+// a staged row's, kFwdSharedBytes): over whole rows, where a multiprocessor holds several of
+// its blocks, a block per row group rather than one wave of blocks looping over the rows, as
+// the wave's blocks load and reduce in step while blocks that start as others finish keep
+// loads in flight; else (chunked rows, whose partial and cluster launches the wave sizes, a
+// lone block per multiprocessor, or a kernel that stages its next row, which only a block
+// looping over rows has) the wave. (The forward kernels' A/B on the H200,
+// docs/gpu_runs/README.md.)
 template <int TPR, typename Kernel, typename Params>
 dim3 fwd_rows_grid(Kernel kernel, const Params& p, DeviceInfo dev, std::atomic<int>* cache,
                    int smem) {
   const int per_sm = blocks_per_sm(kernel, RowLayout<TPR>::kBlock, dev, cache, smem);
-  if (p.chunks == 1 && per_sm > 1) {
+  if (p.chunks == 1 && per_sm > 1 && smem == 0) {
     const int64_t groups = ceil_div(p.M, RowLayout<TPR>::kRows);
     return dim3(static_cast<unsigned>(std::clamp<int64_t>(groups, 1, INT_MAX)));
   }
