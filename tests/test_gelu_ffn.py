@@ -594,9 +594,12 @@ def test_bad_module_arguments_raise():
 
 # --- CPU GEMM backends (csrc/cpu/gemm.h) -----------------------------------------------------
 
-HAS_ONEDNN = torch.backends.mkldnn.is_available()
+# libtorch's oneDNN matmul runs float32 only where oneDNN has bfloat16 support (x86: AVX-512
+# BW/VL/DQ or AVX-NE-CONVERT); elsewhere forcing it is refused (test_cpu_gemm_onednn_refused).
+HAS_ONEDNN = (torch.backends.mkldnn.is_available()
+              and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 GEMM_BACKENDS = ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
-    not HAS_ONEDNN, reason="this torch has no oneDNN"))]
+    not HAS_ONEDNN, reason="this torch has no oneDNN matmul that runs on this CPU"))]
 
 
 @pytest.mark.parametrize("backend", GEMM_BACKENDS)
@@ -637,6 +640,23 @@ def _onednn_matmul_calls(capfd, dtype=torch.float32):
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="this torch has no oneDNN")
+@pytest.mark.skipif(HAS_ONEDNN, reason="oneDNN's matmul runs on this CPU")
+def test_cpu_gemm_onednn_refused_where_it_cannot_run(monkeypatch):
+    """On a CPU where libtorch's oneDNN matmul refuses float32, FUSEDNORM_CPU_GEMM=onednn
+    raises fusednorm's error naming the setting, and the unset setting takes ATen."""
+    args = _good_args()
+    monkeypatch.setenv("FUSEDNORM_CPU_GEMM", "onednn")
+    with pytest.raises(RuntimeError, match="FUSEDNORM_CPU_GEMM=onednn, but this torch"):
+        fusednorm.gelu_ffn(**args)
+    monkeypatch.delenv("FUSEDNORM_CPU_GEMM")
+    assert fusednorm.build_info()["cpu_ffn_gemm"] == "aten"
+    F = torch.nn.functional
+    expected = F.linear(F.gelu(F.linear(args["input"], args["weight1"], args["bias1"])),
+                        args["weight2"], args["bias2"])
+    torch.testing.assert_close(fusednorm.gelu_ffn(**args), expected)
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="this torch has no oneDNN matmul that runs on this CPU")
 def test_cpu_gemm_setting_selects_the_backend(monkeypatch, capfd):
     """FUSEDNORM_CPU_GEMM=onednn really runs oneDNN's matmul (the forward's two linears, the
     backward's dy W2 and dh W1: four), =aten none; float64 never does."""

@@ -3,6 +3,7 @@
 #include "cpu/gemm.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
@@ -27,9 +28,21 @@ namespace {
 
 enum class GemmBackend { kAten, kOneDnn };
 
+// Whether libtorch's mkldnn_matmul runs on this CPU: it refuses float32 as well as bfloat16
+// where oneDNN has no bfloat16 support (x86: AVX-512 BW/VL/DQ or AVX-NE-CONVERT), so torch's
+// own answer to that is asked, once (false where this torch lacks the op).
+bool onednn_matmul_runs_on_this_cpu() {
+  static const bool runs = [] {
+    const auto op = c10::Dispatcher::singleton().findSchema(
+        {"mkldnn::_is_mkldnn_bf16_supported", ""});
+    return op.has_value() && op->typed<bool()>().call();
+  }();
+  return runs;
+}
+
 bool onednn_matmul_available() {
   return at::native::mkldnn_matmul != nullptr && at::hasMKLDNN() &&
-         at::globalContext().userEnabledMkldnn();
+         at::globalContext().userEnabledMkldnn() && onednn_matmul_runs_on_this_cpu();
 }
 
 // The CPUs where oneDNN's float32 matmul was measured faster than MKL's (gemm.h).
@@ -52,8 +65,10 @@ GemmBackend choose_backend(const at::Tensor& a, const at::Tensor& b) {
   if (setting != nullptr && std::strcmp(setting, "onednn") == 0) {
     TORCH_CHECK(onednn_matmul_available(),
                 "fusednorm: FUSEDNORM_CPU_GEMM=onednn, but this torch offers no oneDNN "
-                "matmul (built without it, disabled by torch.backends.mkldnn, or "
-                "at::native::mkldnn_matmul missing)");
+                "matmul here (built without it, disabled by torch.backends.mkldnn, "
+                "at::native::mkldnn_matmul missing, or this CPU lacks what it needs: "
+                "AVX-512 BW/VL/DQ or AVX-NE-CONVERT, torch.ops.mkldnn."
+                "_is_mkldnn_bf16_supported())");
     return GemmBackend::kOneDnn;
   }
   TORCH_CHECK(setting == nullptr || *setting == '\0',

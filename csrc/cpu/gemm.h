@@ -6,7 +6,8 @@
 // hands bfloat16/float16 to oneDNN where the CPU supports them):
 //   FUSEDNORM_CPU_GEMM=aten     ATen always.
 //   FUSEDNORM_CPU_GEMM=onednn   oneDNN for every non-empty float32 GEMM; an error if this
-//                               torch has no oneDNN matmul (tests use it to prove the path).
+//                               torch has no oneDNN matmul, or it cannot run on this CPU
+//                               (tests use it to prove the path).
 //   unset (auto)                oneDNN on AMD CPUs with AVX-512 for GEMMs of at least 2^24
 //                               multiply-adds with the tokens as the long side, ATen
 //                               otherwise: there oneDNN measured faster than MKL's sgemm,
