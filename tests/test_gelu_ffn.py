@@ -639,7 +639,6 @@ def _onednn_matmul_calls(capfd, dtype=torch.float32):
                and ",exec," in line and ",matmul," in line)
 
 
-@pytest.mark.skipif(not HAS_ONEDNN, reason="this torch has no oneDNN")
 @pytest.mark.skipif(HAS_ONEDNN, reason="oneDNN's matmul runs on this CPU")
 def test_cpu_gemm_onednn_refused_where_it_cannot_run(monkeypatch):
     """On a CPU where libtorch's oneDNN matmul refuses float32, FUSEDNORM_CPU_GEMM=onednn
