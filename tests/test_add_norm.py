@@ -55,13 +55,14 @@ def test_matches_reference(device, dtype, N, kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N", [1024, 1000, 4100])
+@pytest.mark.parametrize("N", [1024, 1000, 4100, 2048])
 @pytest.mark.parametrize("kind", KINDS)
 def test_calls_larger_than_caches(dtype, N, kind):
     """Calls that move 16 MiB or more (over 4 MiB per tensor): from the second call on (the
     pages mapped) the CPU kernels stream the output and the sum, the sum through a staging
     copy in cache for rows of up to 16 KiB (1024; 1000, whose rows do not start on a cache
-    line) and with plain stores for longer ones (4100 float32). Every call must give the
+    line) and with plain stores for longer ones (4100 float32); the backward streams
+    bfloat16 rows of 2048 (4 KiB apart) one row a tile on AVX2. Every call must give the
     same, correct result, the sum bitwise that of x + r."""
     M = (5 << 20) // (N * dtype.itemsize) + 1
     x = random_input((M, N), dtype, "cpu")

@@ -109,7 +109,7 @@ def test_one_million_element_row(device, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("N", [1024, 1000, 1008, 4100, 24])
+@pytest.mark.parametrize("N", [1024, 1000, 1008, 4100, 24, 2048])
 @pytest.mark.parametrize("output_mib", [6, 9])
 def test_outputs_larger_than_caches(dtype, N, output_mib):
     """Calls that move over 16 MiB (the forward from 8 MiB of output, the backward from
@@ -123,7 +123,9 @@ def test_outputs_larger_than_caches(dtype, N, output_mib):
     from registers and ask for the next tile's dy in its first sweep; short rows that are
     not (1000 float32 and bfloat16) go through a staging copy that streams each row's lines
     out as they fill, long ones (4100) take plain stores. Rows shorter than a line (24)
-    share lines with their neighbours, and the threads' chunks of rows meet inside lines."""
+    share lines with their neighbours, and the threads' chunks of rows meet inside lines.
+    bfloat16 rows of 2048 (4 KiB apart) are streamed one row a tile where a vector block is
+    half a line (AVX2), two elsewhere."""
     M = (output_mib << 20) // (N * dtype.itemsize) + 1
     x = random_input((M, N), dtype, "cpu")
     weight, bias = make_params((N,), "affine", dtype, "cpu")

@@ -754,6 +754,18 @@ constexpr int64_t kPrefetchTiles = sizeof(T) == 2 ? 2 : 1;
 constexpr int64_t kRowTile = 2;
 static_assert(StagedTileStream::kMaxRows >= kRowTile);
 
+// The rows of a backward tile: kRowTile, or one where dx is streamed from blocks narrower
+// than a cache line (16-bit rows on AVX2: 32 of a line's 64 bytes) and the rows lie a
+// multiple of 4 KiB apart. Two such rows keep two half-written streamed lines at the same
+// address modulo 4096, and each block's stores then wait on them: 1.6x slower than plain
+// stores or than one row a tile (docs/perf-notes.md, "Code comments: bwd_tile_rows").
+template <typename T, typename acc_t>
+inline int64_t bwd_tile_rows(OutputPath path, int64_t N) {
+  constexpr bool kPartLines = VecIO<T, acc_t>::kWidth * int64_t(sizeof(T)) < kCacheLine;
+  const bool rows_alias = N * int64_t(sizeof(T)) % 4096 == 0;
+  return kPartLines && path == OutputPath::kStream && rows_alias ? 1 : kRowTile;
+}
+
 // Pointers of one backward call: x is what was normalized (the sum with a residual), mean
 // null for RMSNorm, dsum (the gradient of the sum output) null when there is none, the
 // partials null without parameter gradients. D: dy's type, T's or float16/bfloat16 beside
@@ -1009,7 +1021,7 @@ void norm_bwd_tile(const NormBwdArgs<T, acc_t, D>& a, int64_t row, int64_t rows,
   // sweep, and memory idles through the first but for dx's stores. Rows staged through
   // cache (N = 1000 float32) gained nothing, and keep both in the second sweep
   // (docs/perf-notes.md, "Code comments: norm_bwd_tile: dy in the first sweep").
-  const int64_t ahead = kPrefetchTiles<T> * kRowTile;
+  const int64_t ahead = kPrefetchTiles<T> * rows;
   for (int64_t r = 0; r < rows; ++r) {
     s.mean[r] = kCentered ? a.mean[row + r] : acc_t(0);
     s.rstd[r] = a.rstd[row + r];
@@ -1086,10 +1098,11 @@ void norm_bwd_rows(const NormBwdArgs<T, acc_t, D>& a, acc_t* partial_w, acc_t* p
   const int64_t bytes = M * N * int64_t(sizeof(T));
   const bool stream = use_streaming_stores(a.dx, bytes, (a.dsum != nullptr ? 4 : 3) * bytes);
   const OutputPath path = output_path(stream, a.dx, N, kRowTile);
+  const int64_t tile_rows = bwd_tile_rows<T, acc_t>(path, N);
   auto row_range = [&](int64_t begin, int64_t end, acc_t* pw, acc_t* pb) {
-    for (int64_t r = begin; r < end; r += kRowTile) {
+    for (int64_t r = begin; r < end; r += tile_rows) {
       norm_bwd_tile<T, acc_t, kCentered, kWeight, kParamGrads, kInputGrad>(
-          a, r, std::min(kRowTile, end - r), pw, pb, path);
+          a, r, std::min(tile_rows, end - r), pw, pb, path);
     }
     if (stream) streaming_fence();
   };
