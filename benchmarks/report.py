@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -148,9 +149,17 @@ def to_json(result: dict) -> str:
 
 
 def folder_name(result: dict) -> str:
-    """<device-slug>, with -fresh-memory for a CPU run under --cpu-memory fresh (so that its
-    files sit beside the default run's instead of replacing them)."""
-    suffix = "-fresh-memory" if result.get("cpu_memory") == "fresh" else ""
+    """<device-slug>, then for a CPU run: -<SIMD level> when fusednorm's CPU kernels ran below
+    AVX-512 (amd-epyc-avx2: CPUs of one model name come with and without it, and the level
+    moves the kernels' speed as much as a code change), and -fresh-memory under --cpu-memory
+    fresh. Each lands beside the default folder instead of replacing its files."""
+    suffix = ""
+    if result.get("device_kind") == "cpu":
+        level = re.match(r"cpu (\w+)", result.get("fusednorm_build", ""))
+        if level and level.group(1) != "avx512":
+            suffix += "-" + level.group(1)
+        if result.get("cpu_memory") == "fresh":
+            suffix += "-fresh-memory"
     return stamp.slug(result["device"]) + suffix
 
 

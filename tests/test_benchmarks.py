@@ -576,6 +576,26 @@ def test_default_cpu_cases_cover_every_dtype():
     assert all(d != torch.float64 for d, _, _ in bench_layer_norm.default_cases(cpu, quick=True))
 
 
+def test_results_folder_names_the_cpu_simd_level_below_avx512():
+    """A CPU run's folder: the device's slug for AVX-512 kernels, -avx2 after it for AVX2
+    ones (the same model name comes with and without AVX-512), -fresh-memory last; a GPU
+    run's stamp names its CPU kernels too, but its folder is the GPU's alone."""
+    from benchmarks import report
+
+    def folder(kind, build, memory=None):
+        result = {"device": "AMD EPYC", "device_kind": kind, "fusednorm_build": build}
+        if memory:
+            result["cpu_memory"] = memory
+        return report.folder_name(result)
+
+    assert folder("cpu", "cpu avx512, cuda 9.0", "reuse") == "amd-epyc"
+    assert folder("cpu", "cpu avx2, cuda 9.0", "reuse") == "amd-epyc-avx2"
+    assert folder("cpu", "cpu avx2", "fresh") == "amd-epyc-avx2-fresh-memory"
+    assert folder("cpu", "cpu avx512", "fresh") == "amd-epyc-fresh-memory"
+    assert folder("cpu", "cpu: reference") == "amd-epyc"
+    assert folder("cuda", "cpu avx2, cuda 9.0") == "amd-epyc"
+
+
 def test_cpu_memory_modes_record_themselves_and_keep_apart(tmp_path):
     """The default --cpu-memory reuse (run in a subprocess: it changes malloc for the rest
     of the process) and fresh write to sibling folders, each saying which it was."""
