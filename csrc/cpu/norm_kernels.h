@@ -761,7 +761,8 @@ static_assert(StagedTileStream::kMaxRows >= kRowTile);
 // stores or than one row a tile (docs/perf-notes.md, "Code comments: bwd_tile_rows").
 template <typename T, typename acc_t>
 inline int64_t bwd_tile_rows(OutputPath path, int64_t N) {
-  constexpr bool kPartLines = VecIO<T, acc_t>::kWidth * int64_t(sizeof(T)) < kCacheLine;
+  constexpr bool kPartLines =
+      kNonTemporalStores && VecIO<T, acc_t>::kWidth * int64_t(sizeof(T)) < kCacheLine;
   const bool rows_alias = N * int64_t(sizeof(T)) % 4096 == 0;
   return kPartLines && path == OutputPath::kStream && rows_alias ? 1 : kRowTile;
 }

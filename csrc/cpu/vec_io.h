@@ -70,6 +70,13 @@ inline void stream_bytes(void* p, const V& v) {
 #endif
 }
 
+// Whether stream_bytes stores past the caches (x86 builds) or is a plain copy.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kNonTemporalStores = true;
+#else
+constexpr bool kNonTemporalStores = false;
+#endif
+
 constexpr int64_t kCacheLine = 64;
 
 // Elements of T from p (aligned to T) up to the next cache-line boundary; 0 on a boundary.
