@@ -336,12 +336,8 @@ struct VecIO {
   template <bool kNoNaN = false>
   static inline void store(T* p, const Vec& lo, const Vec& hi) {
 #if defined(CPU_CAPABILITY_AVX2)
-    // float16: each register narrowed and stored as a 16-byte half, without the insert that
-    // joins ATen's two halves into one register.
     if constexpr (std::is_same_v<T, c10::Half>) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(lo, kHalfRounding));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + Vec::size()), _mm256_cvtps_ph(hi, kHalfRounding));
-      return;
+      return store_half_by_halves(p, lo, hi, [](__m128i* q, __m128i v) { _mm_storeu_si128(q, v); });
     }
 #endif
     narrow<kNoNaN>(lo, hi).store(p);
@@ -350,13 +346,20 @@ struct VecIO {
   static inline void store_streaming(T* p, const Vec& lo, const Vec& hi) {
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<T, c10::Half>) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(lo, kHalfRounding));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(p + Vec::size()), _mm256_cvtps_ph(hi, kHalfRounding));
-      return;
+      return store_half_by_halves(p, lo, hi, [](__m128i* q, __m128i v) { _mm_stream_si128(q, v); });
     }
 #endif
     stream_bytes(p, narrow<kNoNaN>(lo, hi));
   }
+#if defined(CPU_CAPABILITY_AVX2)
+  // float16: each register narrowed and stored (store16) as a 16-byte half, without the
+  // insert that joins ATen's two halves into one register.
+  template <typename Store16>
+  static inline void store_half_by_halves(T* p, const Vec& lo, const Vec& hi, Store16 store16) {
+    store16(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(lo, kHalfRounding));
+    store16(reinterpret_cast<__m128i*>(p + Vec::size()), _mm256_cvtps_ph(hi, kHalfRounding));
+  }
+#endif
 
   template <bool kNoNaN>
   static inline at::vec::Vectorized<T> narrow(const Vec& lo, const Vec& hi) {
