@@ -325,8 +325,8 @@ def test_16_bit_outputs_and_input_grads_round_to_nearest(device, dtype, N, kind)
     """y and dx are their float values rounded to the nearest 16-bit value: they equal the
     float64 reference rounded to the dtype except where it lies within the float32 math's
     error of a rounding boundary (measured: under 0.1% of elements), never further than one
-    step. A store that truncated, or widened or narrowed a block's lanes out of order, misses
-    about half of them."""
+    step. A store that truncated misses about half of them; one that widened or narrowed a
+    block's lanes out of order, nearly all."""
     x = random_input((33, N), dtype, device, seed=5).requires_grad_()
     g = torch.Generator().manual_seed(2)
     weight = torch.randn(N, generator=g).to(device=device, dtype=dtype)
