@@ -26,7 +26,7 @@ END = "<!-- benchmarks:end -->"
 
 # The folders of benchmarks/results/ in page order, and those the README summarises.
 FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-fresh-memory", "amd-epyc-avx2")
-README_FOLDERS = ("nvidia-h200", "amd-epyc")
+README_FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-avx2")
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
 OURS, COMPILED, LIGER = "fusednorm", "torch.compile", "liger"
