@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import fusednorm
 from fusednorm import reference
 from conftest import (ATOL, DEVICES, DTYPES, assert_close_three_way, assert_far_as_exact_as_near,
-                      random_input, relative_errors, torch_layer_norm)
+                      halfway_pairs, random_input, relative_errors, torch_layer_norm)
 
 ops = torch.ops.fusednorm
 
@@ -347,6 +347,39 @@ def test_16_bit_outputs_and_input_grads_round_to_nearest(device, dtype, N, kind)
         assert equal >= 0.995, f"{name}: {equal:.4f} of the elements are the nearest value"
         step = torch.finfo(dtype).eps * nearest.double().abs().clamp_min(torch.finfo(dtype).tiny)
         assert ((got.double() - nearest.double()).abs() <= step).all(), name
+
+
+def rows_streamed_from_the_second_call(N, dtype, device):
+    """CPU: rows enough for 9 MiB of output, so that a forward moves over 16 MiB and, its
+    pages mapped, streams its output from the second call on (as
+    test_outputs_larger_than_caches); elsewhere a few."""
+    return (9 << 20) // (N * dtype.itemsize) + 1 if device == "cpu" else 33
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("N", [7, 1000, 2048, 4099])
+@pytest.mark.parametrize("weight_kind", ["zero", "zero_but_one_infinite"])
+def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind):
+    """y = xhat * 0 + bias is bias exactly, so a float32 bias halfway between two 16-bit
+    values must come out as the even one of them, in every column, as PyTorch converts.
+    Random data almost never meets a tie, so test_16_bit_outputs_and_input_grads_round_to_nearest
+    cannot tell this from rounding ties away from zero, which misses half of them here. An
+    infinite weight in column 0 puts every row on bfloat16's NaN-masked rounding (the CPU
+    rounds finite rows without the mask); the other columns stay ties."""
+    _, _, mid, even = halfway_pairs((N,), dtype, seed=N)
+    weight = torch.zeros(N)
+    columns = slice(None)
+    if weight_kind == "zero_but_one_infinite":
+        weight[0] = float("inf")
+        columns = slice(1, None)
+    M = rows_streamed_from_the_second_call(N, dtype, device)
+    x = random_input((M, N), dtype, device)
+    weight, mid, even = weight.to(device), mid.to(device), even.to(device)
+    for call in range(2):
+        y = fusednorm.layer_norm(x, (N,), weight, mid)
+        wrong = (y[:, columns] != even[columns]).sum().item()
+        assert wrong == 0, f"call {call}: {wrong} of {y[:, columns].numel()} ties not even"
 
 
 @pytest.mark.parametrize("device", DEVICES)
