@@ -617,16 +617,18 @@ def test_cpu_memory_modes_record_themselves_and_keep_apart(tmp_path):
 
 def test_kernel_ab_builds_and_times_both_sides():
     """benchmarks.kernel_ab: HEAD's csrc (git archive) and the working tree's compile into one
-    binary, and every case prints both sides' times and a positive speed-up."""
+    binary, and every case prints both sides' times and a positive speed-up (inputs in
+    cache: a small footprint)."""
     if shutil.which("git") is None or not (Path(__file__).parents[1] / ".git").exists():
         pytest.skip("needs the git checkout (the base side is a git ref)")
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.kernel_ab", "--base", "HEAD", "--rounds", "2",
-         "--threads", "2", "--cases",
+         "--threads", "2", "--footprint-mib", "0.25", "--cases",
          "fwd:fp32:64x100,bwd:bf16:33x70,fwd:fp16:9x1000,afwd:bf16:17x300"],
         cwd=Path(__file__).parents[1], check=True, capture_output=True, text=True).stdout
     lines = out.strip().splitlines()
     assert lines[0].startswith("base: HEAD, head: working tree; 2 threads, 2 rounds")
+    assert lines[0].endswith("build, inputs fill 0.25 MiB")
     pattern = (r"(fwd|afwd|bwd) (fp32|bf16|fp16) (\d+)x(\d+): base ([\d.]+) ms \(fastest [\d.]+\), "
                r"head ([\d.]+) ms \(fastest [\d.]+\); head speed-up ([\d.]+)x")
     cases = [re.match(pattern, line) for line in lines[1:]]
@@ -642,6 +644,13 @@ def test_kernel_ab_rejects_a_bad_case():
                           "fwd:int8:4x4"], cwd=Path(__file__).parents[1], capture_output=True,
                          text=True)
     assert run.returncode == 2 and "a case is fwd|afwd|bwd:bf16|fp16|fp32:MxN" in run.stderr
+
+
+def test_kernel_ab_rejects_a_footprint_of_nothing():
+    run = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "--same",
+                          "--footprint-mib", "0"], cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "--footprint-mib must be positive" in run.stderr
 
 
 def test_accuracy_far_rows_writes_its_results(tmp_path):

@@ -10,6 +10,11 @@ development tool: the published figures come from the suites (`python -m benchma
 
     python -m benchmarks.kernel_ab --base HEAD~1 --cases fwd:bf16:4096x1000,bwd:fp32:4096x1000
 
+`--footprint-mib` sets the memory the input sets fill (default 128: out of every cache). A
+footprint well inside L2 (e.g. 0.25 with rows of a few KiB: two sets are the least) times
+the kernels' own instructions with memory out of the way: a kernel about as fast in cache as
+out of it is bound by its instructions, not by memory.
+
 Each side's csrc/ is compiled with -Dfusednorm=fusednorm_base / fusednorm_head (two copies
 of every inline kernel, no clash) into variant.cpp's entries; driver.cpp times them.
 Prints one line per case: each side's median and fastest ms per call, and head's speed-up
@@ -100,9 +105,14 @@ def main(argv: list[str] | None = None) -> None:
                              "DTYPE bf16|fp16|fp32)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--footprint-mib", type=float, default=128.0,
+                        help="memory the input sets fill (default 128: out of cache)")
     args = parser.parse_args(argv)
     if args.threads < 1 or args.rounds < 1:
         parser.error("--threads and --rounds must be at least 1")
+    if not args.footprint_mib > 0:
+        parser.error("--footprint-mib must be positive")
+    footprint = int(args.footprint_mib * (1 << 20))
 
     config = build_config()
     with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp:
@@ -112,10 +122,10 @@ def main(argv: list[str] | None = None) -> None:
         binary = build(base, head, workdir, config["CPU_SIMD_FLAGS"])
         label = "working tree" if args.same else args.base
         print(f"base: {label}, head: working tree; {args.threads} threads, {args.rounds} rounds,"
-              f" {config['CPU_CAPABILITY']} build")
+              f" {config['CPU_CAPABILITY']} build, inputs fill {args.footprint_mib:g} MiB")
         for pass_, dtype, m, n in args.cases:
             out = subprocess.run([str(binary), pass_, str(DTYPES[dtype]), str(m), str(n),
-                                  str(args.threads), str(args.rounds)],
+                                  str(args.threads), str(args.rounds), str(footprint)],
                                  check=True, capture_output=True, text=True).stdout.split()
             r = dict(zip(out[0::2], (float(v) for v in out[1::2])))
             print(f"{pass_} {dtype} {m}x{n}: base {r['base_ms']:.3f} ms (fastest "

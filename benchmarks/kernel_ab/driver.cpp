@@ -1,7 +1,8 @@
 // The timing loop of a CPU kernel A/B (see benchmarks/kernel_ab). Usage:
-//   driver PASS DTYPE M N THREADS ROUNDS
+//   driver PASS DTYPE M N THREADS ROUNDS FOOTPRINT_BYTES
 // (PASS: fwd, afwd (add + LayerNorm) or bwd; DTYPE: 0 bf16, 1 fp16, 2 fp32)
-// Inputs and outputs: enough sets of M x N to fill 128 MiB each (out of cache), cycled.
+// Inputs and outputs: enough sets of M x N to fill FOOTPRINT_BYTES each (at least two),
+// cycled.
 // Each round times one pass over every set with each side, the side that goes first
 // alternating; the result line holds both sides' median and minimum ms per call and the
 // median over rounds of the ratio base / head of the round's two times (with its 20% and
@@ -57,8 +58,9 @@ double quantile(std::vector<double> v, double q) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s fwd|bwd DTYPE M N THREADS ROUNDS\n", argv[0]);
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: %s fwd|afwd|bwd DTYPE M N THREADS ROUNDS FOOTPRINT_BYTES\n",
+                 argv[0]);
     return 2;
   }
   const bool backward = std::string(argv[1]) == "bwd";
@@ -69,7 +71,10 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::atoi(argv[5]));
   const int64_t element_bytes = dtype == 2 ? 4 : 2;
   const int64_t bytes = M * N * element_bytes;
-  const int64_t sets = std::max<int64_t>(2, (int64_t(128) << 20) / std::max<int64_t>(bytes, 1));
+  // Input sets to cycle through: as many as fill the footprint (128 MiB by default, out of
+  // every cache; a small one keeps a case in cache), at least two (dy is the next set).
+  const int64_t footprint = std::atoll(argv[7]);
+  const int64_t sets = std::max<int64_t>(2, footprint / std::max<int64_t>(bytes, 1));
 
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
