@@ -11,9 +11,9 @@ development tool: the published figures come from the suites (`python -m benchma
     python -m benchmarks.kernel_ab --base HEAD~1 --cases fwd:bf16:4096x1000,bwd:fp32:4096x1000
 
 `--footprint-mib` sets the memory the input sets fill (default 128: out of every cache). A
-footprint well inside L2 (e.g. 0.25 with rows of a few KiB: two sets are the least) times
-the kernels' own instructions with memory out of the way: a kernel about as fast in cache as
-out of it is bound by its instructions, not by memory.
+footprint inside L2 (e.g. 0.4 with 32x1024 cases; two sets are the least) times the kernels'
+own instructions with memory out of the way: a kernel about as fast in cache as out of it is
+bound by its instructions, not by memory.
 
 Each side's csrc/ is compiled with -Dfusednorm=fusednorm_base / fusednorm_head (two copies
 of every inline kernel, no clash) into variant.cpp's entries; driver.cpp times them.
