@@ -120,14 +120,13 @@ class RecordingBackend:
         return self._backend(gm, example_inputs)
 
 
-def halfway_pairs(shape, dtype, seed=0):
-    """Random neighbours low < high in magnitude of a 16-bit dtype (|low| at least 2^-6, so
-    that half their distance is a value of the dtype), the float32 value halfway between
-    them (exact: one bit more than the dtype holds) and the even one of the two, to which
-    round-to-nearest-even takes that tie."""
+def halfway_pairs(shape, dtype, seed=0, scale=4.0):
+    """Random neighbours low < high in magnitude of a 16-bit dtype (low about scale times a
+    normal sample), the float32 value halfway between them (exact: one bit more than the
+    dtype holds) and the even one of the two, to which round-to-nearest-even takes that
+    tie."""
     g = torch.Generator().manual_seed(seed)
-    low = (torch.randn(shape, generator=g) * 4).to(dtype)
-    low = torch.where(low.abs() < 2.0 ** -6, torch.ones_like(low), low)
+    low = (torch.randn(shape, generator=g) * scale).to(dtype)
     bits = low.view(torch.int16)
     high = (bits + 1).view(dtype)  # same sign, one step further from zero
     mid = ((low.double() + high.double()) / 2).float()

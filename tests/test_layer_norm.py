@@ -364,10 +364,17 @@ def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind):
     """y = xhat * 0 + bias is bias exactly, so a float32 bias halfway between two 16-bit
     values must come out as the even one of them, in every column, as PyTorch converts.
     Random data almost never meets a tie, so test_16_bit_outputs_and_input_grads_round_to_nearest
-    cannot tell this from rounding ties away from zero, which misses half of them here. An
-    infinite weight in column 0 puts every row on bfloat16's NaN-masked rounding (the CPU
-    rounds finite rows without the mask); the other columns stay ties."""
+    cannot tell this from rounding ties away from zero, which misses half of them here.
+    Every other band of 64 columns holds ties between denormals (those a conversion that
+    flushes them, as AVX512_BF16's instruction, would get wrong). An infinite weight in
+    column 0 puts every row on bfloat16's NaN-masked rounding (the CPU rounds finite rows
+    without the mask); the other columns stay ties."""
     _, _, mid, even = halfway_pairs((N,), dtype, seed=N)
+    _, _, tiny_mid, tiny_even = halfway_pairs((N,), dtype, seed=N + 1,
+                                              scale=2 * torch.finfo(dtype).tiny)
+    denormal_band = torch.arange(N) // 64 % 2 == 1
+    mid = torch.where(denormal_band, tiny_mid, mid)
+    even = torch.where(denormal_band, tiny_even, even)
     weight = torch.zeros(N)
     columns = slice(None)
     if weight_kind == "zero_but_one_infinite":
