@@ -360,7 +360,8 @@ def rows_streamed_from_the_second_call(N, dtype, device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("N", [7, 1000, 2048, 4099])
 @pytest.mark.parametrize("weight_kind", ["zero", "zero_but_one_infinite"])
-def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind):
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm", "add_layer_norm_float32_sum"])
+def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind, op):
     """y = xhat * 0 + bias is bias exactly, so a float32 bias halfway between two 16-bit
     values must come out as the even one of them, in every column, as PyTorch converts.
     Random data almost never meets a tie, so test_16_bit_outputs_and_input_grads_round_to_nearest
@@ -368,7 +369,8 @@ def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind):
     Every other band of 64 columns holds ties between denormals (those a conversion that
     flushes them, as AVX512_BF16's instruction, would get wrong). An infinite weight in
     column 0 puts every row on bfloat16's NaN-masked rounding (the CPU rounds finite rows
-    without the mask); the other columns stay ties."""
+    without the mask); the other columns stay ties. The add ops normalize their sum, of the
+    input's dtype or float32 (residual_dtype), through their own instantiations."""
     _, _, mid, even = halfway_pairs((N,), dtype, seed=N)
     _, _, tiny_mid, tiny_even = halfway_pairs((N,), dtype, seed=N + 1,
                                               scale=2 * torch.finfo(dtype).tiny)
@@ -382,9 +384,15 @@ def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind):
         columns = slice(1, None)
     M = rows_streamed_from_the_second_call(N, dtype, device)
     x = random_input((M, N), dtype, device)
+    residual = random_input((M, N), dtype, device, seed=1)
     weight, mid, even = weight.to(device), mid.to(device), even.to(device)
     for call in range(2):
-        y = fusednorm.layer_norm(x, (N,), weight, mid)
+        if op == "layer_norm":
+            y = fusednorm.layer_norm(x, (N,), weight, mid)
+        else:
+            sum_dtype = torch.float32 if op == "add_layer_norm_float32_sum" else None
+            y, _ = fusednorm.add_layer_norm(x, residual, (N,), weight, mid,
+                                            residual_dtype=sum_dtype)
         wrong = (y[:, columns] != even[columns]).sum().item()
         assert wrong == 0, f"call {call}: {wrong} of {y[:, columns].numel()} ties not even"
 
