@@ -371,9 +371,9 @@ def test_16_bit_outputs_round_ties_to_even(device, dtype, N, weight_kind, op):
     column 0 puts every row on bfloat16's NaN-masked rounding (the CPU rounds finite rows
     without the mask); the other columns stay ties. The add ops normalize their sum, of the
     input's dtype or float32 (residual_dtype), through their own instantiations."""
-    _, _, mid, even = halfway_pairs((N,), dtype, seed=N)
-    _, _, tiny_mid, tiny_even = halfway_pairs((N,), dtype, seed=N + 1,
-                                              scale=2 * torch.finfo(dtype).tiny)
+    mid, even = halfway_pairs((N,), dtype, seed=N)
+    tiny_mid, tiny_even = halfway_pairs((N,), dtype, seed=N + 1,
+                                        scale=2 * torch.finfo(dtype).tiny)
     denormal_band = torch.arange(N) // 64 % 2 == 1
     mid = torch.where(denormal_band, tiny_mid, mid)
     even = torch.where(denormal_band, tiny_even, even)
