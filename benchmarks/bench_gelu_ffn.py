@@ -193,8 +193,7 @@ def draw(result: dict, path: Path, notes) -> None:
 
 def measurement_notes(device: torch.device, budget_s: float) -> list[str]:
     if device.type == "cuda":
-        timing = ("triton.testing.do_bench (CUDA events, L2 flushed before each call; "
-                  f"{budget_s:g} s of calls per measurement, at least 10)")
+        timing = harness.gpu_timing_note(budget_s)
         tf32 = torch.backends.cuda.matmul.allow_tf32
         timing += f"; torch.backends.cuda.matmul.allow_tf32={tf32}"
     else:

@@ -203,8 +203,7 @@ def draw(result: dict, path: Path, notes) -> None:
 
 def measurement_notes(device: torch.device, budget_s: float) -> list[str]:
     if device.type == "cuda":
-        timing = ("triton.testing.do_bench (CUDA events, L2 flushed before each call; "
-                  f"{budget_s:g} s of calls per measurement, at least 10)")
+        timing = harness.gpu_timing_note(budget_s)
     else:
         timing = (f"torch.utils.benchmark.Timer.blocked_autorange on {torch.get_num_threads()} "
                   f"threads, the providers taking turns ({harness.CPU_ROUNDS} rounds of blocks each), "

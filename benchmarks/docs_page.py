@@ -40,7 +40,11 @@ METHOD = """\
 
 - **Passes.** `fwd`: the forward with autograd recording (inputs require grad); `bwd`: the
   backward alone, over a retained graph; `fwd+bwd`: both, as a training step runs them.
-- **Timing.** GPU: `triton.testing.do_bench` (CUDA events, L2 flushed before each call).
+- **Timing.** GPU: CUDA events around each call, L2 flushed before it, and the device held
+  by a spin of twice the call's host time while the host launches it, so that a call whose
+  host part is long is still timed on its kernels (`benchmarks/gpu_timer.py`; files
+  without a `gpu_timer` field were timed by `triton.testing.do_bench`, the same loop
+  without the spin).
   CPU: `torch.utils.benchmark.Timer` on all of torch's threads, cycling through input sets
   that fill twice the last-level cache, so that data comes from memory as on the GPU. The
   providers of a case take turns (CPU: 5 rounds of blocks each), so that a phase in which
@@ -54,11 +58,11 @@ METHOD = """\
   installed): Liger's time over the provider's (its RMSNorm functions with
   `in_place=False`, whose backward leaves the dy it is given as it was).
 - **Host-bound rows** (GPU): a row whose 80th-percentile time exceeds its 20th by more
-  than 1.25x, or whose host time per call (`host_ms`: the CPU time of launching a call,
-  calls launched back to back) reaches its time, measured its host, not its kernels: CUDA
-  events time a kernel to within a few percent. A ratio or % of copy with such a row on
-  either side is marked † in the full tables and left out of the summaries, which say how
-  many cases had one.
+  than 1.25x, or, in a file timed by `do_bench`, whose host time per call (`host_ms`: the
+  CPU time of launching a call, calls launched back to back) reaches its time, may have
+  measured its host, not its kernels: CUDA events time a kernel to within a few percent.
+  A ratio or % of copy with such a row on either side is marked † in the full tables and
+  left out of the summaries, which say how many cases had one.
 - **% of copy** (the norm suites): the fewest bytes the pass must move (forward: read x,
   weight, bias, write y, mean, rstd; backward: read x, dy, mean, rstd, weight, write dx,
   dweight, dbias; the residual variants add theirs) per second, over the bandwidth of a
@@ -153,16 +157,17 @@ def _plain(result: dict) -> dict:
 
 
 def shaky(result: dict, row: dict) -> bool:
-    """Whether a GPU row's time is the host's rather than its kernels': its 20-80% spread
-    exceeds UNSTEADY_SPREAD (CUDA events time a kernel to a few percent, so the spread is a
-    host that now and then falls behind, or a disturbed machine), or its host time per call
-    (host_ms, runs since it was recorded) reaches its time (the host sets the pace). CPU rows
-    are never called so: their spread is the shared machine's, met by timing in turns."""
+    """Whether a GPU row's time may be the host's rather than its kernels': its 20-80%
+    spread exceeds UNSTEADY_SPREAD (CUDA events time a kernel to a few percent, so the
+    spread is a host that now and then falls behind, or a disturbed machine), or, in a file
+    timed without the device's head start (no `gpu_timer`: triton's do_bench), its host
+    time per call (host_ms) reaches its time (the host set the pace). CPU rows are never
+    called so: their spread is the shared machine's, met by timing in turns."""
     if result.get("device_kind") == "cpu":
         return False
     p20, p80, host = row.get("ms_p20"), row.get("ms_p80"), row.get("host_ms")
-    return bool((p20 and p80 and p80 / p20 > UNSTEADY_SPREAD)
-                or (host is not None and host >= row["ms"]))
+    host_paced = "gpu_timer" not in result and host is not None and host >= row["ms"]
+    return bool((p20 and p80 and p80 / p20 > UNSTEADY_SPREAD) or host_paced)
 
 
 def speedups(result: dict, baseline: str = report.BASELINE) -> dict[str, list[float]]:

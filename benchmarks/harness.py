@@ -1,6 +1,7 @@
 """Measuring: time of a call (median and 20/80 quantiles), copy bandwidth, peak memory.
 
-GPU: triton.testing.do_bench (CUDA events, L2 flushed before every call). CPU:
+GPU: benchmarks.gpu_timer (CUDA events, L2 flushed before every call, the device given a
+head start over the host so that the events time the kernels, not the host's pace). CPU:
 torch.utils.benchmark.Timer.blocked_autorange with all of torch's threads, the providers of
 a case taking turns (time_side_by_side). A call is given
 as a list of equivalent callables on different input sets; the timer cycles through them,
@@ -22,12 +23,14 @@ from typing import Callable, Sequence
 
 import torch
 
+from . import gpu_timer
+
 QUANTILES = [0.5, 0.2, 0.8]
 
 # Copy-bandwidth probe: large enough to stream from DRAM / HBM on any current device.
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
-# GPU: do_bench's warm-up (ms) at least, and the fewest calls its repetitions hold (long
-# calls: so that the quantiles mean something).
+# GPU: the warm-up (ms) at least, and the fewest calls the repetitions hold (long calls: so
+# that the quantiles mean something).
 WARMUP_MS, MIN_REPS = 25.0, 10
 
 
@@ -42,8 +45,15 @@ class Timing:
     host_ms: float | None = None
 
 
-# GPU: calls launched back to back, without waiting, to time the host's part of a call.
-HOST_CALLS = 20
+# GPU: calls launched back to back, without waiting, to time the host's part of a call:
+# HOST_CALLS, or as many as HOST_BUDGET_MS of the device's time holds (at least 3).
+HOST_CALLS, HOST_BUDGET_MS = 10, 10.0
+
+
+def host_calls(call_ms: float) -> int:
+    """Calls host_ms launches for a call taking call_ms on the device: waiting for the
+    device at the end costs their device time, which long calls (the FFN's) keep short."""
+    return max(3, min(HOST_CALLS, math.ceil(HOST_BUDGET_MS / max(call_ms, 1e-3))))
 
 
 def host_ms(fn: Callable[[], object], device: torch.device, calls: int = HOST_CALLS) -> float:
@@ -85,24 +95,26 @@ def time_calls(
     how long the measurement may take."""
     fn = _cycling(calls)
     if device.type == "cuda":
-        import triton.testing
-
         for _ in range(max(2, len(calls))):  # warm-up: compilation, autotuning, lazy init
             fn()
-        torch.cuda.synchronize(device)
+        synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
-        torch.cuda.synchronize(device)
+        synchronize(device)
         estimate_ms = max(start.elapsed_time(end), 1e-3)
-        rep_ms = max(1000.0 * budget_s, MIN_REPS * estimate_ms)
-        ms, p20, p80 = triton.testing.do_bench(
-            fn, warmup=max(WARMUP_MS, 2 * estimate_ms), rep=rep_ms, quantiles=QUANTILES
-        )
-        return Timing(ms, p20, p80, host_ms(fn, device))
+        host = host_ms(fn, device, host_calls(estimate_ms))
+        times = gpu_timer.time_ms(fn, device, host, 1000.0 * budget_s, WARMUP_MS, MIN_REPS)
+        return Timing(*(_quantile(times, q) for q in QUANTILES), host)
 
     return time_side_by_side([calls], device, budget_s)[0]
+
+
+def gpu_timing_note(budget_s: float) -> str:
+    """How time_calls times on the GPU, for a results file's notes."""
+    return (f"{gpu_timer.DESCRIPTION}; {budget_s:g} s of calls per measurement, at least "
+            f"{MIN_REPS}")
 
 
 # CPU side-by-side timing: rounds in which every provider runs one slice of blocks in turn.
@@ -329,7 +341,7 @@ def last_level_cache_bytes() -> int:
 
 def input_sets_needed(bytes_per_set: int, device: torch.device, cap: int = 16) -> int:
     """How many input sets to cycle through so that a set is out of cache when it comes
-    round again: 1 on the GPU (do_bench flushes L2), else enough to fill 2x the LLC."""
+    round again: 1 on the GPU (gpu_timer flushes L2), else enough to fill 2x the LLC."""
     if device.type == "cuda":
         return 1
     return max(1, min(cap, math.ceil(2 * last_level_cache_bytes() / max(bytes_per_set, 1))))

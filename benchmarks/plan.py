@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import harness
+from . import gpu_timer, harness
 
 # What a GPU run costs beyond the calls each measurement repeats (measurement_s below),
 # with the run each figure comes from: H200, torch 2.11, CUDA 13.0, docs/gpu_runs/ (the
@@ -111,12 +111,17 @@ def planned_providers(names, device: torch.device) -> tuple[str, ...]:
 
 
 def measurement_s(call_s: float, budget_s: float) -> float:
-    """Wall seconds of one harness.time_calls on the GPU, by its rules and do_bench's: two
-    warm-up calls and a timed one; do_bench's first call and 5-call estimate, its warm-up
-    (max(WARMUP_MS, 2 calls)) and repetitions (max(budget, MIN_REPS calls)); the memory
-    figure's call (two for fwd); plus COSTS' fixed part."""
-    return (11 * call_s + max(harness.WARMUP_MS / 1000, 2 * call_s)
-            + max(budget_s, harness.MIN_REPS * call_s) + COSTS["measurement_s"])
+    """Wall seconds of one harness.time_calls on the GPU, by its rules and gpu_timer's: two
+    warm-up calls and a timed one, host_ms's calls and the memory figure's (two for fwd);
+    gpu_timer's first iteration, its warm-up (max(WARMUP_MS, 2 calls)) and repetitions
+    (max(budget, MIN_REPS iterations)), an iteration being the flush, the spin (its
+    shortest: the plan knows no host times) and the call; plus COSTS' fixed part."""
+    iteration_s = (gpu_timer.FLUSH_BYTES / COSTS["copy_bandwidth"]
+                   + gpu_timer.HEAD_MIN_MS / 1000 + call_s)
+    calls = 5 + harness.host_calls(1000 * call_s)
+    return (calls * call_s + iteration_s
+            + max(harness.WARMUP_MS / 1000, 2 * call_s, iteration_s)
+            + max(budget_s, harness.MIN_REPS * iteration_s) + COSTS["measurement_s"])
 
 
 def norm_call_s(pass_bytes: dict[str, int]) -> dict[str, float]:

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import busy, checks, harness, stamp
+from . import busy, checks, gpu_timer, harness, stamp
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -223,14 +223,17 @@ def run(
 ) -> dict:
     """Builds, checks and times every case (one at a time, to bound memory) and returns
     {suite, device, device_kind, torch, fusednorm_build, commit, date, copy_gbps,
-    rows}, and on the CPU cpu_memory (--cpu-memory); cases_not_run when settings.stop_at
-    came before the last case started (the first always runs)."""
+    rows}, and on the CPU cpu_memory (--cpu-memory), on the GPU gpu_timer (the timer's
+    name); cases_not_run when settings.stop_at came before the last case started (the
+    first always runs)."""
     from tqdm import tqdm
 
     device = settings.device
     result = stamp.header(settings.suite, device)
     if device.type == "cpu":
         result["cpu_memory"] = harness.cpu_memory()
+    else:
+        result["gpu_timer"] = gpu_timer.NAME
     cpu_start = busy.sample()
     # The copy probe runs in turns with every pass of every case (a third of a provider's
     # budget): this VM's bandwidth moved 1.5x within one run, and one probe before and after
