@@ -170,16 +170,35 @@ def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
                      residual_dtype=None, dropout_p=0.0, rowscale=None) -> None:
     """The norm family's checks (eps None: RMSNorm's default), with the residual's and the
     dropout's. With zero_centered_weight, weight and bias may have any float dtype (they
-    are widened)."""
+    are widened), and so may RMSNorm's weight (_rms_kernel_weight)."""
     _check_flag(fn, zero_centered_weight)
     shape = _normalized_shape_tuple(normalized_shape, fn)
     if zero_centered_weight and isinstance(input, torch.Tensor):
         weight, bias = (p.to(_param_dtype_for(input)) if isinstance(p, torch.Tensor)
                         and p.dtype in _FLOAT_DTYPES else p for p in (weight, bias))
+    elif fn in _RMS_FNS:
+        weight = _rms_kernel_weight(input, weight)
     _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
     if has_residual:
         _check_residual(fn, input, residual, residual_dtype)
         _check_dropout(fn, input, len(shape), dropout_p, rowscale)
+
+
+_RMS_FNS = ("fusednorm.rms_norm", "fusednorm.add_rms_norm")
+
+
+def _rms_kernel_weight(input, weight):
+    """RMSNorm's weight as the compiled ops take it (csrc/ops/norm_family.h's
+    rms_kernel_weight): torch.nn.functional.rms_norm takes a weight of any float dtype and
+    returns the input's, so one of another float dtype than the kernels take is converted,
+    to float32 beside float16/bfloat16 input, else to the input's dtype."""
+    if not (isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor)) \
+            or input.dtype not in _FLOAT_DTYPES or weight.dtype not in _FLOAT_DTYPES:
+        return weight  # the checks name what is wrong
+    half = input.dtype in (torch.float16, torch.bfloat16)
+    if weight.dtype == input.dtype or (half and weight.dtype == torch.float32):
+        return weight
+    return weight.to(torch.float32 if half else input.dtype)
 
 
 def _autocast_to_fp32(input, weight, bias):

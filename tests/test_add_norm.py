@@ -77,6 +77,21 @@ def test_calls_larger_than_caches(dtype, N, kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype, weight_dtype", [(torch.float32, torch.bfloat16),
+                                                 (torch.bfloat16, torch.float16),
+                                                 (torch.float16, torch.float64)], ids=str)
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's own
+def test_rms_weight_of_another_float_dtype(device, dtype, weight_dtype):
+    """add_rms_norm takes rms_norm's weights: any float dtype, the output in the input's."""
+    x, r = random_input((9, 130), dtype, device), random_input((9, 130), dtype, device, seed=2)
+    w = random_input((130,), weight_dtype, device, scale=1.0, seed=3)
+    eps = reference.rms_eps(dtype)
+    fused, eager, ref = _fns("rms_norm", (130,), eps)
+    check_outputs_and_grads(fused, lambda x, r, w, b: tuple(o.to(x.dtype) for o in eager(x, r, w, b)),
+                            ref, [x, r, w, None], ["input", "residual", "weight", "bias"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_strided_multi_dim_no_params(device, kind):
     x = random_input((4, 6, 3, 5), torch.float32, device).transpose(0, 1)[::2]
@@ -210,6 +225,7 @@ def test_compile_fullgraph(device, kind, dynamic):
         (dict(residual=[1.0]), TypeError, "residual must be a Tensor"),
         (dict(normalized_shape=(7,)), ValueError, "normalized_shape"),
         (dict(weight=torch.ones(3)), ValueError, "weight"),
+        (dict(weight=torch.ones(8, dtype=torch.int64)), TypeError, "weight"),
     ],
 )
 def test_errors_name_the_argument(kind, change, error, pattern):

@@ -76,7 +76,7 @@ CASES = [
     (lambda: rms(X, (7,)), lambda: F.rms_norm(X, (7,)), ValueError, "normalized_shape"),
     (lambda: rms(X, (8,), torch.ones(7)), lambda: F.rms_norm(X, (8,), torch.ones(7)), ValueError, "weight"),
     (lambda: rms(X.to(torch.int64)), lambda: F.rms_norm(X.to(torch.int64), (8,)), TypeError, "input"),
-    (lambda: rms(X, (8,), torch.ones(8, dtype=torch.float64)), None, TypeError, "weight"),  # PyTorch upcasts
+    (lambda: rms(X, (8,), torch.ones(8, dtype=torch.int32)), None, TypeError, "weight"),  # PyTorch promotes
     (lambda: fusednorm.FusedRMSNorm(16)(X), lambda: nn.RMSNorm(16)(X), ValueError, "normalized_shape"),
     (lambda: add_ln(X, torch.randn(4, 7)), lambda: X + torch.randn(4, 7), ValueError, "residual"),
     (lambda: add_ln(X, X.double()), None, TypeError, "residual"),

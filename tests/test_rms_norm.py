@@ -45,6 +45,46 @@ def test_float32_weight_for_half_input(device, dtype):
     _check(x, (130,), _weight((130,), torch.float32, device))
 
 
+# torch.nn.functional.rms_norm takes a weight of any float dtype and returns the input's
+# dtype; fusednorm converts one the kernels do not take (float32 beside 16-bit input they do).
+OTHER_WEIGHT_DTYPES = [
+    (x, w) for x in DTYPES for w in DTYPES
+    if w != x and not (w == torch.float32 and x in (torch.float16, torch.bfloat16))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype, weight_dtype", OTHER_WEIGHT_DTYPES, ids=str)
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's own
+def test_weight_of_another_float_dtype_as_torchs(device, dtype, weight_dtype):
+    """Output in the input's dtype, the weight's gradient in the weight's, both within the
+    three-way bound of the float64 reference (eps: the input dtype's default)."""
+    x = random_input((9, 130), dtype, device)
+    eps = reference.rms_eps(dtype)
+    check_outputs_and_grads(
+        lambda x, w: (fusednorm.rms_norm(x, (130,), w),),
+        lambda x, w: (F.rms_norm(x, (130,), w).to(x.dtype),),
+        lambda x, w: (reference.rms_norm(x, (130,), w, eps),),
+        [x, _weight((130,), weight_dtype, device)], ["input", "weight"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_of_another_float_dtype_compiles_and_opchecks(device):
+    """A bfloat16 weight beside float32 input: opcheck (the fake kernel's dtypes are the
+    real ones'), torch.compile(fullgraph=True) and vmap give eager's results."""
+    x = random_input((4, 3, 16), torch.float32, device).requires_grad_()
+    w = _weight((16,), torch.bfloat16, device).requires_grad_()
+    torch.library.opcheck(torch.ops.fusednorm.rms_norm.default, (x, [16], w, None))
+    eager = fusednorm.rms_norm(x, (16,), w)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: fusednorm.rms_norm(x, (16,), w), backend="aot_eager",
+                             fullgraph=True)(x, w)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    (dw,) = torch.autograd.grad(compiled.sum(), w)
+    assert dw.dtype == torch.bfloat16
+    mapped = torch.vmap(lambda row: fusednorm.rms_norm(row, (16,), w))(x.detach())
+    torch.testing.assert_close(mapped, eager.detach(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_multi_dim_strided_and_explicit_eps(device):
     base = random_input((6, 5, 2, 9), torch.float32, device)
@@ -140,7 +180,8 @@ def test_module_is_a_drop_in_for_nn_rmsnorm():
     [
         (lambda x: fusednorm.rms_norm(x, (7,)), ValueError, r"normalized_shape=\[7\]"),
         (lambda x: fusednorm.rms_norm(x, (8,), torch.ones(7)), ValueError, "weight"),
-        (lambda x: fusednorm.rms_norm(x, (8,), torch.ones(8, dtype=torch.float64)), TypeError, "weight"),
+        (lambda x: fusednorm.rms_norm(x, (8,), torch.ones(8, dtype=torch.int32)), TypeError, "weight"),
+        (lambda x: fusednorm.rms_norm(x, (8,), torch.ones(8, dtype=torch.complex64)), TypeError, "weight"),
         (lambda x: fusednorm.rms_norm(x.int(), (8,)), TypeError, "input"),
         (lambda x: fusednorm.rms_norm(x, "8"), TypeError, "normalized_shape"),
         (lambda x: fusednorm.rms_norm(x, (8,), None, -1.0), ValueError, "eps"),

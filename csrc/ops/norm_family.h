@@ -123,10 +123,24 @@ struct Params {
   OptTensor weight, bias;
 };
 
+// RMSNorm's weight of another float dtype than the kernels take (param_dtype_allowed): as
+// torch.nn.functional.rms_norm, which takes any and returns the input's dtype, converted to
+// the kernels' parameter dtype (float32 beside 16-bit input, else the input's) by an ATen
+// op, so autograd gives the weight its gradient in its own dtype. LayerNorm's weight and
+// bias stay checked: F.layer_norm refuses such pairs.
+inline OptTensor rms_kernel_weight(const at::Tensor& input, const OptTensor& weight) {
+  if (!given(weight)) return weight;
+  const at::ScalarType x = input.scalar_type(), w = weight->scalar_type();
+  if (param_dtype_allowed(x, w) || !is_supported_float(x) || !is_supported_float(w)) {
+    return weight;  // what the kernels take, or what the checks refuse by name
+  }
+  return weight->to(is_reduced_float(x) ? at::kFloat : x);
+}
+
 inline Params effective_params(const NormKind& kind, const at::Tensor& input,
                                const OptTensor& weight, const OptTensor& bias,
                                bool zero_centered) {
-  if (!zero_centered) return {weight, bias};
+  if (!zero_centered) return {kind.centered ? weight : rms_kernel_weight(input, weight), bias};
   check_public_input(kind.name, input);
   const at::ScalarType type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto widened = [&](const OptTensor& param, const char* name) -> OptTensor {
