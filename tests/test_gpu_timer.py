@@ -158,8 +158,8 @@ def test_cuda_timer_reads_a_spin_kernel_behind_a_sleeping_host():
 
 @requires_cuda
 def test_cuda_timer_agrees_with_back_to_back_events_on_a_copy():
-    """A 256 MiB copy (device-bound, beyond L2): the timer's median within 10% of the mean of
-    copies timed back to back between two events."""
+    """A 256 MiB copy (device-bound, beyond L2): the timer's median within 15% of the mean of
+    copies timed back to back between two events (a spin inside its events would add 40%)."""
     device = torch.device("cuda", torch.cuda.current_device())
     src = torch.randn(64 << 20, device=device)
     dst = torch.empty_like(src)
@@ -177,4 +177,4 @@ def test_cuda_timer_agrees_with_back_to_back_events_on_a_copy():
     back_to_back = start.elapsed_time(end) / 20
     times = gpu_timer.time_ms(fn, device, harness.host_ms(fn, device), budget_ms=60.0,
                               warmup_ms=10.0, min_reps=10)
-    assert statistics.median(times) == pytest.approx(back_to_back, rel=0.1)
+    assert statistics.median(times) == pytest.approx(back_to_back, rel=0.15)

@@ -108,6 +108,11 @@ def test_one_million_element_row(device, dtype):
     check_forward_backward(x, (N,), weight, bias)
 
 
+def rows_of_output(mib, N, dtype):
+    """Rows of N elements of dtype whose output is just over `mib` MiB."""
+    return (mib << 20) // (N * dtype.itemsize) + 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("N", [1024, 1000, 1008, 4100, 24, 2048])
 @pytest.mark.parametrize("output_mib", [6, 9])
@@ -126,7 +131,7 @@ def test_outputs_larger_than_caches(dtype, N, output_mib):
     share lines with their neighbours, and the threads' chunks of rows meet inside lines.
     bfloat16 rows of 2048 (4 KiB apart) are streamed one row a tile where a vector block is
     half a line (AVX2), two elsewhere."""
-    M = (output_mib << 20) // (N * dtype.itemsize) + 1
+    M = rows_of_output(output_mib, N, dtype)
     x = random_input((M, N), dtype, "cpu")
     weight, bias = make_params((N,), "affine", dtype, "cpu")
     for _ in range(3):
@@ -353,7 +358,7 @@ def rows_streamed_from_the_second_call(N, dtype, device):
     """CPU: rows enough for 9 MiB of output, so that a forward moves over 16 MiB and, its
     pages mapped, streams its output from the second call on (as
     test_outputs_larger_than_caches); elsewhere a few."""
-    return (9 << 20) // (N * dtype.itemsize) + 1 if device == "cpu" else 33
+    return rows_of_output(9, N, dtype) if device == "cpu" else 33
 
 
 @pytest.mark.parametrize("device", DEVICES)
