@@ -23,6 +23,7 @@ class GPTConfig:
     n_head: int = 4
     d_model: int = 128
     ffn_mult: int = 4  # hidden width of the feed-forward block = ffn_mult * d_model
+    gelu: str = "none"  # the feed-forward block's GELU: "none" (exact) or "tanh" (GPT-2's)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +72,8 @@ class Block(nn.Module):
         self.ln1 = norm_layer(config.d_model)
         self.attn = CausalSelfAttention(config)
         self.ln2 = norm_layer(config.d_model)
-        self.ffn = ffn_layer(config.d_model, config.ffn_mult * config.d_model)
+        self.ffn = ffn_layer(config.d_model, config.ffn_mult * config.d_model,
+                             approximate=config.gelu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

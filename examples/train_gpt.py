@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--gelu", choices=["none", "tanh"], default="none",
+                        help="the feed-forward block's GELU: exact, or the tanh form GPT-2 uses")
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     parser.add_argument("--corpus-bytes", type=int, default=1_000_000,
                         help="size of the docstring corpus")
@@ -224,7 +226,7 @@ class Trainer:
             torch.set_num_threads(args.threads)
         torch.manual_seed(args.seed)
         self.config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer,
-                                n_head=args.n_head, d_model=args.d_model)
+                                n_head=args.n_head, d_model=args.d_model, gelu=args.gelu)
         self.corpus = ByteCorpus(stdlib_docstrings(args.corpus_bytes))
         self.parallel = Parallel(args, self.device)
         self.model = self.parallel.parallelize(

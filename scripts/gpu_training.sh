@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 41's training comparison as one device call: examples/train_gpt.py on GPT-2 small
-# (12 layers, d 768, 12 heads, context 1024, bf16 autocast), fusednorm against PyTorch:
+# (12 layers, d 768, 12 heads, context 1024, GPT-2's tanh GELU, bf16 autocast), fusednorm
+# against PyTorch:
 #
 #   1. build fusednorm for the visible GPU (gpu_check.sh's build phase; skipped when
 #      SKIP_BUILD=1, e.g. on a warm machine after scripts/gpu_session.sh);
@@ -20,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh training
-GPT_ARGS=${GPT_ARGS:---device cuda --amp bf16 --n-layer 12 --n-head 12 --d-model 768 --block-size 1024 --batch-size 8}
+GPT_ARGS=${GPT_ARGS:---device cuda --amp bf16 --n-layer 12 --n-head 12 --d-model 768 --block-size 1024 --batch-size 8 --gelu tanh}
 STEPS=${STEPS:-100}
 ROUNDS=${ROUNDS:-2}
 

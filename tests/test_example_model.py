@@ -42,6 +42,33 @@ def test_fused_ffn_is_used_when_fusednorm_has_it():
     assert all(isinstance(block.ffn, ffn_class) for block in build_model(TINY, "fused", 0).blocks)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gelu", ["none", "tanh"])
+def test_both_norms_train_alike_with_either_gelu(device, gelu):
+    """--gelu none and tanh (GPT-2's): each FFN applies the config's GELU, and the fused model's
+    loss and gradients equal the torch model's to float32 rounding; the two forms differ."""
+    import dataclasses
+
+    config = dataclasses.replace(TINY, gelu=gelu)
+    x, y = token_batch(4, config, device=device)
+    models = [build_model(config, norm, seed=5, device=device) for norm in ("torch", "fused")]
+    assert all(block.ffn.approximate == gelu for m in models for block in m.blocks)
+    (loss_t, grads_t), (loss_f, grads_f) = (_loss_and_grads(m, x, y) for m in models)
+    torch.testing.assert_close(loss_f, loss_t, rtol=1e-5, atol=1e-6)
+    for name, grad in grads_t.items():
+        torch.testing.assert_close(grads_f[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    # The block's FFN on inputs where the two forms differ (the tiny model's own activations
+    # are too small for that): fused as torch, and unlike the other form.
+    other = build_model(dataclasses.replace(config, gelu="tanh" if gelu == "none" else "none"),
+                        "torch", seed=5, device=device)
+    h = torch.randn(8, config.d_model, generator=torch.Generator().manual_seed(1)).to(device) * 20
+    with torch.no_grad():
+        ffn_t, ffn_f, ffn_o = (m.blocks[0].ffn(h) for m in (*models, other))
+    torch.testing.assert_close(ffn_f, ffn_t)
+    # erf and tanh GELU differ by up to ~2e-4: far above float32's rounding of the outputs.
+    assert (ffn_o - ffn_t).abs().max() > 100 * torch.finfo(torch.float32).eps * ffn_t.abs().max()
+
+
 AUTOCAST_CASES = [
     ("cpu", torch.bfloat16),
     pytest.param("cuda", torch.float16, marks=needs_cuda),
