@@ -58,13 +58,19 @@ OTHER_WEIGHT_DTYPES = [
 def test_weight_of_another_float_dtype_as_torchs(device, dtype, weight_dtype):
     """Output in the input's dtype, the weight's gradient in the weight's, both within the
     three-way bound of the float64 reference (eps: the input dtype's default)."""
-    x = random_input((9, 130), dtype, device)
+    x, w = random_input((9, 130), dtype, device), _weight((130,), weight_dtype, device)
     eps = reference.rms_eps(dtype)
     check_outputs_and_grads(
         lambda x, w: (fusednorm.rms_norm(x, (130,), w),),
         lambda x, w: (F.rms_norm(x, (130,), w).to(x.dtype),),
         lambda x, w: (reference.rms_norm(x, (130,), w, eps),),
-        [x, _weight((130,), weight_dtype, device)], ["input", "weight"])
+        [x, w], ["input", "weight"])
+    if dtype in (torch.float16, torch.bfloat16):
+        # The weight applied in float32, not rounded to the input's dtype first: y is the
+        # float64 result rounded once (a weight rounded to bfloat16 or float16 matched about
+        # 73% of elements here).
+        nearest = reference.rms_norm(x.double(), (130,), w.double(), eps).to(dtype)
+        assert (fusednorm.rms_norm(x, (130,), w) == nearest).float().mean() >= 0.99
 
 
 @pytest.mark.parametrize("device", DEVICES)
