@@ -20,6 +20,11 @@ import torch
 from . import _jagged, _loader, ops, reference
 from .errors import OP_ERRORS, FusedTypeError, FusedValueError, as_argument_error
 
+try:
+    from torch.nn.utils._expanded_weights import ExpandedWeight as _ExpandedWeight
+except ImportError:  # a torch without per-sample gradients
+    _ExpandedWeight = None
+
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Each function below calls its op through _call: first its direct entry (ops.FAST), which
 # answers NotImplemented where the torch.ops path must decide: tensor subclasses,
@@ -281,17 +286,33 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
             # JIT tracer (dynamo=False) would warn of.
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             check(*args)
-        result = getattr(ops.decompositions, name)(*args)
-        return result[0] if outputs == 1 else tuple(result[:outputs])
+        return _leading(getattr(ops.decompositions, name)(*args), outputs)
     op = getattr(ops, name.upper())
     if op is not None:
         try:
             result = op(*args)
         except OP_ERRORS as error:
+            per_sample = _PER_SAMPLE.get(name)
+            if per_sample is not None and _expanded_weights(args):
+                return per_sample(*args)
             _explain(error, args[0], backend_op, check, *args)
         else:
-            return result[0] if outputs == 1 else tuple(result[:outputs])
+            return _leading(result, outputs)
     return fallback(*args)
+
+
+def _leading(result, outputs: int):
+    """An op's first output, or its first `outputs` as a tuple; taken one by one, so that
+    an FX proxy (torch.fx.symbolic_trace), which cannot be iterated, gives getitem nodes."""
+    if outputs == 1:
+        return result[0]
+    return tuple(result[i] for i in range(outputs))
+
+
+def _expanded_weights(args: tuple) -> bool:
+    """Whether a parameter is an ExpandedWeight: torch's per-sample gradients
+    (torch.nn.utils._per_sample_grad.call_for_per_sample_grads) are being computed."""
+    return _ExpandedWeight is not None and any(type(a) is _ExpandedWeight for a in args)
 
 
 def layer_norm(
@@ -643,3 +664,47 @@ def _reference_layer_norm_gelu_ffn(*args):
         return input + gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
     _warn_fallback(input.device.type)
     return reference.layer_norm_gelu_ffn(*args, upcast=False)
+
+
+# torch's per-sample gradients (call_for_per_sample_grads, as DP-SGD uses them) hand the
+# parameters in as ExpandedWeight, whose rules cover torch.nn.functional's layer_norm and
+# linear but no fusednorm op: such calls compute with those functions, unfused, so each
+# parameter gets its grad_sample as under nn.LayerNorm and nn.Linear. torch has no rule for
+# rms_norm, so the RMSNorm ops raise ExpandedWeight's error, as F.rms_norm does.
+def _per_sample_layer_norm(input, normalized_shape, weight, bias, eps,
+                           zero_centered_weight=False):
+    if zero_centered_weight:
+        raise FusedTypeError(
+            "fusednorm.layer_norm: zero_centered_weight=True has no per-sample gradients "
+            "(ExpandedWeight): torch's rule expands weight itself, not 1 + weight")
+    return torch.nn.functional.layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _per_sample_add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
+                               zero_centered_weight=False, residual_dtype=None, dropout_p=0.0,
+                               rowscale=None):
+    total = _residual_sum(input, residual, residual_dtype, len(normalized_shape), dropout_p,
+                          rowscale)
+    out = _per_sample_layer_norm(total, normalized_shape, weight, bias, eps,
+                                 zero_centered_weight)
+    return out.to(input.dtype), total
+
+
+def _per_sample_gelu_ffn(input, weight1, bias1, weight2, bias2, approximate="none"):
+    linear = torch.nn.functional.linear
+    hidden = torch.nn.functional.gelu(linear(input, weight1, bias1), approximate=approximate)
+    return linear(hidden, weight2, bias2)
+
+
+def _per_sample_layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2,
+                                    bias2, approximate="none"):
+    normed = _per_sample_layer_norm(input, input.shape[-1:], ln_weight, ln_bias, eps)
+    return input + _per_sample_gelu_ffn(normed, weight1, bias1, weight2, bias2, approximate)
+
+
+_PER_SAMPLE = {
+    "layer_norm": _per_sample_layer_norm,
+    "add_layer_norm": _per_sample_add_layer_norm,
+    "gelu_ffn": _per_sample_gelu_ffn,
+    "layer_norm_gelu_ffn": _per_sample_layer_norm_gelu_ffn,
+}
