@@ -16,4 +16,4 @@ class FusedLayerNorm2d(FusedLayerNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self._forward_channels_first(input)

@@ -59,12 +59,22 @@ class FusedLayerNorm(_ZeroCenteredWeight, nn.LayerNorm):
         self._set_zero_centered_weight(zero_centered_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self._forward(input)
+
+    # The computation of forward, which the subclasses that permute around it or act after it
+    # call (torch.jit.script compiles methods of self, not super()).
+    def _forward(self, input: torch.Tensor) -> torch.Tensor:
         if _scripting():
             return torch.ops.fusednorm.layer_norm(input, self.normalized_shape, self.weight,
                                                   self.bias, self.eps,
                                                   self.zero_centered_weight)[0]
         return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias,
                                      self.eps, zero_centered_weight=self.zero_centered_weight)
+
+    def _forward_channels_first(self, input: torch.Tensor) -> torch.Tensor:
+        """_forward over dim 1 (channels) of an (N, C, H, W) tensor: permuted to
+        channels-last, normalized, permuted back (timm's LayerNorm2d)."""
+        return self._forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class FusedRMSNorm(_ZeroCenteredWeight, nn.RMSNorm):

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.jit import is_scripting as _scripting
 
 from . import functional
 from .layer_norm_2d import FusedLayerNorm2d
@@ -27,10 +28,11 @@ _HALF = (torch.float16, torch.bfloat16)
 def fused_param(param: Optional[torch.Tensor], input: torch.Tensor) -> Optional[torch.Tensor]:
     """`param` (a weight or bias) in a dtype the fused ops take with `input` and that holds
     the same values: its own when it is the input's or float32 under a 16-bit input, else
-    widened (a 16-bit weight of a float32 input) or converted to the input's dtype."""
+    widened (a 16-bit weight of a float32 input) or converted to the input's dtype.
+    (Written for torch.jit.script too, which compiles it into the timm targets' forward.)"""
     if param is None or param.dtype == input.dtype:
         return param
-    if input.dtype in _HALF:
+    if input.dtype == torch.float16 or input.dtype == torch.bfloat16:
         return param.float()
     return param.to(input.dtype)
 
@@ -119,17 +121,19 @@ class FusedLayerNormFp32(FusedLayerNorm):
     cast once to the input's: `F.layer_norm(x.float(), shape, weight.float(),
     bias.float(), eps).to(x.dtype)` (timm's LayerNormFp32, EsmFold2LayerNorm)."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return functional.layer_norm(input, self.normalized_shape,
-                                     fused_param(self.weight, input),
-                                     fused_param(self.bias, input), self.eps)
+    def _forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = fused_param(self.weight, input), fused_param(self.bias, input)
+        if _scripting():
+            return torch.ops.fusednorm.layer_norm(input, self.normalized_shape, weight, bias,
+                                                  self.eps, False)[0]
+        return functional.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
 
 
 class FusedLayerNorm2dFp32(FusedLayerNormFp32):
     """timm's LayerNorm2dFp32: LayerNormFp32 over the channels of an NCHW tensor."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self._forward_channels_first(input)
 
 
 class FusedLayerNormChannelsFirst(FusedLayerNorm):
@@ -137,7 +141,7 @@ class FusedLayerNormChannelsFirst(FusedLayerNorm):
     normalized, moved back (SqueezeBertLayerNorm's NCW permute(0, 2, 1))."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(input.movedim(1, -1)).movedim(-1, 1)
+        return self._forward(input.movedim(1, -1)).movedim(-1, 1)
 
 
 class FusedDataFormatLayerNorm(FusedLayerNorm):
@@ -149,20 +153,25 @@ class FusedDataFormatLayerNorm(FusedLayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.data_format == "channels_first":
-            return super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return super().forward(input)
+            return self._forward_channels_first(input)
+        return self._forward(input)
 
 
 class FusedRMSNormFp32(nn.Module):
     """timm's RmsNormFp32: `rms_norm(x.float(), normalized_shape, weight.float(),
     eps).to(x.dtype)` (weight None without elementwise_affine)."""
 
-    normalized_shape: tuple[int, ...]
-    eps: float
+    __constants__ = ["normalized_shape", "eps"]  # as timm's, for torch.jit.script
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return functional.rms_norm(input, self.normalized_shape,
-                                   fused_param(self.weight, input), self.eps)
+        return self._forward(input)
+
+    def _forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = fused_param(self.weight, input)
+        if _scripting():
+            return torch.ops.fusednorm.rms_norm(input, self.normalized_shape, weight, self.eps,
+                                                False)[0]
+        return functional.rms_norm(input, self.normalized_shape, weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -174,7 +183,10 @@ class FusedRMSNorm2dFp32(FusedRMSNormFp32):
     input gets a contiguous output here too (a copy), a channels-last one needs none."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        out = super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self._forward_channels_first(input)
+
+    def _forward_channels_first(self, input: torch.Tensor) -> torch.Tensor:
+        out = self._forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return out.contiguous() if input.is_contiguous() else out
 
 
@@ -199,14 +211,21 @@ class _DropAct:
     submodules, as theirs."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.act(self.drop(super().forward(input)))
+        return self.act(self.drop(self._forward(input)))
+
+
+class _DropAct2d:
+    """_DropAct over the channels of an NCHW tensor."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(self._forward_channels_first(input)))
 
 
 class FusedLayerNormAct(_DropAct, FusedLayerNorm):
     """timm's LayerNormAct: F.layer_norm, drop, act."""
 
 
-class FusedLayerNormAct2d(_DropAct, FusedLayerNorm2d):
+class FusedLayerNormAct2d(_DropAct2d, FusedLayerNorm2d):
     """timm's LayerNormAct2d: LayerNorm2d, drop, act."""
 
 
@@ -214,7 +233,7 @@ class FusedLayerNormActFp32(_DropAct, FusedLayerNormFp32):
     """timm's LayerNormActFp32: LayerNormFp32, drop, act."""
 
 
-class FusedLayerNormAct2dFp32(_DropAct, FusedLayerNorm2dFp32):
+class FusedLayerNormAct2dFp32(_DropAct2d, FusedLayerNorm2dFp32):
     """timm's LayerNormAct2dFp32: LayerNorm2dFp32, drop, act."""
 
 
@@ -222,5 +241,5 @@ class FusedRMSNormActFp32(_DropAct, FusedRMSNormFp32):
     """timm's RmsNormActFp32: RmsNormFp32, drop, act."""
 
 
-class FusedRMSNormAct2dFp32(_DropAct, FusedRMSNorm2dFp32):
+class FusedRMSNormAct2dFp32(_DropAct2d, FusedRMSNorm2dFp32):
     """timm's RmsNormAct2dFp32: RmsNorm2dFp32, drop, act."""

@@ -229,6 +229,61 @@ def test_timm_convnext(device):
                            "timm.layers.norm.LayerNorm2d", fusednorm.FusedLayerNorm2d, 9)
 
 
+# timm's norm classes that replace_norms swaps, and the input shape each takes.
+_TIMM_NORMS = [("LayerNorm2d", 4), ("LayerNormFp32", 2), ("LayerNorm2dFp32", 4),
+               ("RmsNormFp32", 2), ("RmsNorm2dFp32", 4), ("LayerNormAct", 2),
+               ("LayerNormAct2d", 4), ("LayerNormActFp32", 2), ("LayerNormAct2dFp32", 4),
+               ("RmsNormActFp32", 2), ("RmsNormAct2dFp32", 4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name, dims", _TIMM_NORMS, ids=[n for n, _ in _TIMM_NORMS])
+def test_timm_norms_script_after_the_swap(name, dims, dtype):
+    """timm's models script (torch.jit.script), and still do once replace_norms has swapped
+    their norms: the scripted module computes what the swapped eager one does, bit for bit,
+    and what timm's own (scripted) computes. float32 parameters under bfloat16 input take
+    the Fp32 classes' cast rule."""
+    timm = _import_timm()
+    original = getattr(timm.layers, name)(24).eval()
+    _randomize_layernorms(original)
+    for p in original.parameters():
+        p.data = p.data + 0.25  # an RMSNorm's weight away from 1 as well
+    model = nn.Sequential(original).to(dtype)
+    want = torch.jit.script(copy.deepcopy(model))
+    fused = fusednorm.replace_norms(model)
+    assert type(fused[0]).__module__.startswith("fusednorm"), type(fused[0])
+    scripted = torch.jit.script(fused)
+    assert "fusednorm::" in str(scripted.inlined_graph)
+    shape = (3, 24, 5, 7) if dims == 4 else (3, 5, 24)
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + 1).to(dtype)
+    leaf, script_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, script_out = fused(leaf), scripted(script_leaf)
+    assert script_out.dtype == out.dtype and torch.equal(script_out, out)
+    grad = torch.randn(out.shape, dtype=torch.float64).to(out.dtype)
+    out.backward(grad)
+    script_out.backward(grad)
+    assert torch.equal(script_leaf.grad, leaf.grad)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    with torch.no_grad():  # (timm's scripted LayerNormAct2d in bfloat16 acts in place)
+        expected = want(x)
+    torch.testing.assert_close(out.detach(), expected, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_convnext_scripts_after_the_swap(device):
+    """A whole timm ConvNeXt scripts with its LayerNorm2d swapped, computing what eager does."""
+    timm = _import_timm()
+    torch.manual_seed(0)
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10,
+                              depths=(1, 1, 1, 1), dims=(16, 24, 32, 48)).to(device).eval()
+    _randomize_layernorms(model)
+    fused = fusednorm.replace_norms(model)
+    assert _count(fused, fusednorm.FusedLayerNorm2d) == 9
+    scripted = torch.jit.script(fused)
+    x = _images(2, 64).to(device)
+    assert torch.equal(scripted(x), fused(x))
+
+
 def test_timm_fast_norm_is_kept():
     """With timm's fast norm on, its LayerNorm computes otherwise (apex, or low precision
     under autocast): replace_layernorm leaves it, and warns that nothing was swapped."""

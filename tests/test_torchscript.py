@@ -12,7 +12,7 @@ from torch import nn
 
 from conftest import DEVICES, random_input
 from fusednorm import (FusedAddLayerNorm, FusedAddRMSNorm, FusedGeluFFN, FusedLayerNorm,
-                       FusedLayerNormGeluFFN, FusedRMSNorm)
+                       FusedLayerNorm2d, FusedLayerNormGeluFFN, FusedRMSNorm)
 
 D = 40
 NORMS = [
@@ -70,7 +70,7 @@ def _check_same(module, scripted, args):
 def test_scripted_norm_modules_call_the_op(device, cls, kwargs, op):
     module = _randomized(cls(D, **kwargs), device)
     scripted = torch.jit.script(module)
-    assert f"fusednorm::{op}" in str(scripted.graph)
+    assert f"fusednorm::{op}" in str(scripted.inlined_graph)
     dtype = torch.bfloat16 if "residual_dtype" in kwargs else torch.float32
     x = random_input((3, 7, D), dtype, device)
     args = (x, random_input((3, 7, D), dtype, device, seed=4)) if op.startswith("add") else (x,)
@@ -81,6 +81,15 @@ def test_scripted_norm_modules_call_the_op(device, cls, kwargs, op):
     loaded = _round_trip(scripted)
     for w, g in zip(_outputs(module(*args)), _outputs(loaded(*args))):
         assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scripted_layer_norm_2d(device):
+    """FusedLayerNorm2d (channels of an NCHW tensor) scripts as timm's LayerNorm2d does."""
+    module = _randomized(FusedLayerNorm2d(D), device)
+    scripted = torch.jit.script(module)
+    assert "fusednorm::layer_norm" in str(scripted.inlined_graph)
+    _check_same(module, scripted, (random_input((2, D, 3, 5), torch.float32, device),))
 
 
 @pytest.mark.parametrize("cls", [FusedAddLayerNorm, FusedAddRMSNorm])
@@ -109,7 +118,7 @@ def test_scripted_ffn_modules(device, cls, op):
     replaced by a Linear that does more (as a LoRA or float8 layer)."""
     module = _randomized(cls(D, 56, approximate="tanh"), device)
     scripted = torch.jit.script(module)
-    assert f"fusednorm::{op}(" in str(scripted.graph)
+    assert f"fusednorm::{op}(" in str(scripted.inlined_graph)
     x = random_input((2, 9, D), torch.float32, device)
     _check_same(module, scripted, (x,))
     loaded = _round_trip(scripted)
@@ -123,7 +132,7 @@ def test_scripted_ffn_modules(device, cls, op):
     module.fc1 = Doubled(D, 56, device=device)
     module.fc1.load_state_dict(plain.state_dict())
     scripted = torch.jit.script(module)
-    assert f"fusednorm::{op}(" not in str(scripted.graph)
+    assert f"fusednorm::{op}(" not in str(scripted.inlined_graph)
     torch.testing.assert_close(scripted(x), module(x))
     # The replaced submodule's work is in the result (not the fused op's).
     module.fc1 = plain
@@ -140,7 +149,7 @@ def test_scripted_hf_rms_norm_keeps_its_eps(eps_name):
     module.weight = nn.Parameter(random_input((D,), torch.float32, "cpu", seed=3))
     setattr(module, eps_name, 0.5)  # large: a dropped eps changes the result
     scripted = torch.jit.script(module)
-    assert "fusednorm::rms_norm" in str(scripted.graph)
+    assert "fusednorm::rms_norm" in str(scripted.inlined_graph)
     x = random_input((3, D), torch.float32, "cpu", scale=0.3)
     _check_same(module, scripted, (x,))
     setattr(module, eps_name, 1e-6)
