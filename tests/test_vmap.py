@@ -132,3 +132,50 @@ def test_grad_of_vmap_and_per_sample_gradients(name, device):
     looped = [torch.func.grad(loss)(params, *(d[i] for d in data)) for i in range(data[0].shape[0])]
     for k, g in enumerate(per_sample):
         torch.testing.assert_close(g, torch.stack([s[k] for s in looped]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(OPS))
+def test_nested_vmap_over_the_data(name, device):
+    """vmap of vmap (two batch dims on the data): each level folds its batch into the rows,
+    and the op's per-row outputs (statistics, the FFN's hidden) keep the unbatched op's
+    shape, so the outer level finds what it batched."""
+    _, fused, _ = OPS[name]
+    args = op_args(name, device, torch.float32)
+    n_data = DATA[name]
+    gen = torch.Generator(device="cpu").manual_seed(12)
+    data = [torch.randn((3, 4, *a.shape), generator=gen).to(device) for a in args[:n_data]]
+    params = args[n_data:]
+    in_dims = (0,) * n_data + (None,) * len(params)
+    with no_vmap_fallback():
+        out = torch.vmap(torch.vmap(fused, in_dims=in_dims), in_dims=in_dims)(*data, *params)
+    expected = _stacked(lambda *a: _stacked(fused, 4, a, in_dims), 3, (*data, *params), in_dims)
+    _assert_same(name, out, expected)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_layer_norm", "gelu_ffn",
+                                "layer_norm_gelu_ffn"])
+@pytest.mark.parametrize("shape", [(5,), (2, 3, 5)], ids=["one row", "rows"])
+def test_the_rule_keeps_each_outputs_unbatched_shape(op, shape):
+    """Every output of a folded call, per batch element, has the unbatched op's shape (a
+    1-d input's statistics are [1], not a scalar); a batch of 0 elements too."""
+    d = shape[-1]
+    ln = (list(shape[-1:]), None, None, 1e-5, False)
+    call = {
+        "layer_norm": lambda x: torch.ops.fusednorm.layer_norm(x, *ln),
+        "rms_norm": lambda x: torch.ops.fusednorm.rms_norm(x, [d], None, 1e-5, False),
+        "add_layer_norm": lambda x: torch.ops.fusednorm.add_layer_norm(
+            x, x, *ln, None, 0.0, None),
+        "gelu_ffn": lambda x: torch.ops.fusednorm.gelu_ffn(
+            x, torch.ones(7, d), None, torch.ones(d, 7), None, "none"),
+        "layer_norm_gelu_ffn": lambda x: torch.ops.fusednorm.layer_norm_gelu_ffn(
+            x, None, None, 1e-5, torch.ones(7, d), None, torch.ones(d, 7), None, "none"),
+    }[op]
+    one = call(torch.randn(shape))
+    for batch in (4, 0):
+        with no_vmap_fallback():
+            batched = torch.vmap(call)(torch.randn(batch, *shape))
+        for unbatched, b in zip(one, batched):
+            if unbatched.numel() == 2:  # rng_state: one per call, not batched
+                continue
+            assert b.shape == (batch, *unbatched.shape), (b.shape, unbatched.shape)

@@ -10,6 +10,7 @@ batch element, stacked, whose results are those of the unbatched op bit for bit.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +27,13 @@ def _batch_rule(op, data: Sequence[int]):
     dropout_at = names.index("dropout_p") if "dropout_p" in names else None
     # The add ops' rng_state: one (seed, offset) per call, not per batch element.
     unbatched_out = {i for i, ret in enumerate(schema.returns) if ret.name == "rng_state"}
+    # Outputs over the rows flattened (mean, rstd, hidden_pre: [rows, ...]): a folded call's
+    # rows are the batch's, whose leading dim is split back into [batch, rows of one], the
+    # unbatched op's shape (so that an outer vmap finds what it batched: nested vmap).
+    per_row_out = {i for i, ret in enumerate(schema.returns)
+                   if ret.name not in ("out", "sum", "rng_state")}
+    # The dims a row spans: normalized_shape's, or the FFN ops' last.
+    shape_at = names.index("normalized_shape") if "normalized_shape" in names else None
 
     def rule(info, in_dims, *args):
         batch = info.batch_size
@@ -50,7 +58,11 @@ def _batch_rule(op, data: Sequence[int]):
                     folded[i] = args[i].expand(batch, *args[i].shape)
                 else:
                     folded[i] = args[i].movedim(in_dims[i], 0)
-            outputs = op(*folded)
+            x = folded[data[0]]  # the input, batch in front
+            trailing = len(args[shape_at]) if shape_at is not None else 1
+            rows = math.prod(x.shape[1:x.dim() - trailing])
+            outputs = tuple(t.reshape(batch, rows, *t.shape[1:]) if i in per_row_out else t
+                            for i, t in enumerate(op(*folded)))
             return outputs, tuple(None if i in unbatched_out else 0 for i in range(len(outputs)))
         per_element = [
             op(*[a.select(d, b) if d is not None else a for a, d in zip(args, in_dims)])
