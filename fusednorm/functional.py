@@ -81,7 +81,8 @@ def _check_param(name: str, param, input: torch.Tensor, shape: tuple[int, ...],
     # own TypeError); the reference path computes in the accumulation type whatever they are.
 
 
-def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_norm") -> None:
+def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_norm",
+                           names=("weight", "bias")) -> None:
     if not isinstance(input, torch.Tensor):
         raise FusedTypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
     if input.dtype not in _FLOAT_DTYPES:
@@ -92,13 +93,16 @@ def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_
             f"{fn}: normalized_shape={list(shape)} must be non-empty and equal "
             f"the trailing dims of input, whose shape is {list(input.shape)}"
         )
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise FusedTypeError(f"{fn}: eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0:
         raise FusedValueError(f"{fn}: eps must be a float >= 0, got {eps!r}")
-    _check_param("weight", weight, input, shape, fn)
-    _check_param("bias", bias, input, shape, fn)
+    _check_param(names[0], weight, input, shape, fn)
+    _check_param(names[1], bias, input, shape, fn)
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
         raise FusedTypeError(
-            f"{fn}: weight and bias must share a dtype, got {weight.dtype} and {bias.dtype}"
+            f"{fn}: {names[0]} and {names[1]} must share a dtype, got {weight.dtype} and "
+            f"{bias.dtype}"
         )
 
 
@@ -183,7 +187,9 @@ def _check_norm_call(fn, input, normalized_shape, weight, bias=None, eps=None,
                         and p.dtype in _FLOAT_DTYPES else p for p in (weight, bias))
     elif fn in _RMS_FNS:
         weight = _rms_kernel_weight(input, weight)
-    _check_layer_norm_args(input, shape, weight, bias, 0.0 if eps is None else eps, fn)
+    if eps is None and fn in _RMS_FNS:  # RMSNorm's default (the dtype's machine epsilon)
+        eps = 0.0
+    _check_layer_norm_args(input, shape, weight, bias, eps, fn)
     if has_residual:
         _check_residual(fn, input, residual, residual_dtype)
         _check_dropout(fn, input, len(shape), dropout_p, rowscale)
@@ -632,7 +638,7 @@ def _check_layer_norm_gelu_ffn_call(
             f"{fn}: weight2 must have shape [{d}, {weight1.shape[0]}] for the residual "
             f"connection to input of shape {list(input.shape)}, got {list(weight2.shape)}"
         )
-    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps)
+    _check_layer_norm_args(input, (d,), ln_weight, ln_bias, eps, fn, ("ln_weight", "ln_bias"))
 
 
 def layer_norm_gelu_ffn(

@@ -402,6 +402,31 @@ def test_emulated_layer_norm_far_from_zero(harness, pass_, t, p):
     check_ok_with_cluster_launches(harness, far_cases(pass_, t, p))
 
 
+def huge_cases(t, p):
+    """(case line, expected clustered launches) of forward rows whose statistics overflow
+    the accumulator (every other row holds one value of 1e20, float64 1e160): LayerNorm,
+    RMSNorm and the residual, a warp per row, many warps per row, one-element packs, and
+    long rows chunked in three launches (the merge kernel's rstd) or one clustered launch."""
+    vec = 16 // SIZE[t]
+    big = largest_row("fwd", t, True)
+    sizes = [(32 * vec, "", 0), (1024 * vec, "", 0), (4095, "", 0), (2 * big + vec, "", 0),
+             (2 * big, " clusters", 1)]
+    kinds = [("wb", ""), ("w", " rms"), ("wb", " res"), ("none", " rms res")]
+    return [(f"fwd {t} {p} {rows_for(n)} {n} {affine} 0 0 {ORDERS[i % len(ORDERS)]} 2{extra}"
+             f"{kind} huge", clustered)
+            for i, (n, extra, clustered) in enumerate(sizes) for affine, kind in kinds]
+
+
+# float16 input cannot overflow a float32 sum of squares (65504^2 * N < 3.4e38).
+@pytest.mark.parametrize("t, p", [pair for pair in PAIRS if pair[0] != "f16"],
+                         ids=[f"{t}-{p}" for t, p in PAIRS if t != "f16"])
+def test_emulated_forward_rows_whose_statistics_overflow(harness, t, p):
+    """A row whose variance (or mean square) overflows the accumulator gives rstd and every
+    y NaN, in every path, where 1 / sqrt(inf) = 0 would have made each y 0 (or the bias):
+    a wrong answer nothing flags. Its neighbours are unaffected."""
+    check_ok_with_cluster_launches(harness, huge_cases(t, p))
+
+
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
 def test_emulated_forward_one_block_per_multiprocessor(harness, t, p):
     """The forward's launch where a multiprocessor holds one of its blocks (the buckets of

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -19,6 +21,7 @@
 #include "common/dispatch.h"
 #include "cpu/dropout_kernels.h"
 #include "cpu/partials.h"
+#include "cpu/row_blocks.h"
 #include "cpu/parallel.h"
 #include "cpu/vec_io.h"
 
@@ -118,47 +121,56 @@ WelfordState<acc_t> row_statistics(const T* x, int64_t N, acc_t shift, const T* 
   constexpr int kRegs = 4;
   constexpr int kLanes = kRegs * Vec::size();
 
-  Vec mean[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
-  Vec m2[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
   const Vec vshift(shift);
   const int64_t vec_end = N - N % kStep;
-  acc_t count = 0;
-  for (int64_t i = 0; i < vec_end; i += kStep) {
-    count += acc_t(1);
-    const Vec inv_count(acc_t(1) / count);
-    Vec v[kRegs];
-    if constexpr (kPrefetch) {
-      prefetch_block<T, acc_t>(next + i);
-      prefetch_block<T, acc_t>(next + i + IO::kWidth);
-    }
-    IO::load_any_order(x + i, v[0], v[1]);
-    IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
-    for (int r = 0; r < kRegs; ++r) welford_step(v[r] - vshift, inv_count, mean[r], m2[r]);
-  }
-  if constexpr (kPrefetch) prefetch_last_columns(next + N, N - vec_end);
-
-  WelfordState<acc_t> total;
-  if (vec_end > 0) {
-    // Equal counts everywhere, so Chan's merge of two lanes is exact and cheap: the mean of
-    // the two means, and M2a + M2b + (mean_a - mean_b)^2 * n / 2. The registers are merged
-    // pairwise as vectors first (a short row pays little for the merge: the scalar one over
-    // all 32 lanes was a quarter of a 128-wide row's forward), then the lanes of the last.
-    acc_t n = count;
-    for (int width = kRegs; width > 1; width /= 2, n *= 2) {
-      const Vec half_n(n / 2), half(acc_t(0.5));
-      for (int r = 0; r < width / 2; ++r) {
-        const Vec d = mean[r] - mean[r + width / 2];
-        m2[r] = at::vec::fmadd(d * d, half_n, m2[r] + m2[r + width / 2]);
-        mean[r] = (mean[r] + mean[r + width / 2]) * half;
+  // The summary of the vector columns [start, end) (row_blocks.h: a long row's blocks).
+  const auto block_summary = [&](int64_t start, int64_t end) {
+    Vec mean[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+    Vec m2[kRegs] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+    acc_t count = 0;
+    for (int64_t i = start; i < end; i += kStep) {
+      count += acc_t(1);
+      const Vec inv_count(acc_t(1) / count);
+      Vec v[kRegs];
+      if constexpr (kPrefetch) {
+        prefetch_block<T, acc_t>(next + i);
+        prefetch_block<T, acc_t>(next + i + IO::kWidth);
       }
+      IO::load_any_order(x + i, v[0], v[1]);
+      IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
+      for (int r = 0; r < kRegs; ++r) welford_step(v[r] - vshift, inv_count, mean[r], m2[r]);
     }
-    // The lanes of the last register by shuffles (a scalar loop over its lanes was a
-    // chain of dependent additions that each row waited for).
-    total.mean = lane_sum(mean[0]) / acc_t(Vec::size());
-    const Vec d = mean[0] - Vec(total.mean);
-    total.m2 = lane_sum(at::vec::fmadd(d * d, Vec(n), m2[0]));
-    total.count = count * kLanes;
-  }
+    WelfordState<acc_t> block;
+    if (end > start) {
+      // Equal counts everywhere, so Chan's merge of two lanes is exact and cheap: the mean
+      // of the two means, and M2a + M2b + (mean_a - mean_b)^2 * n / 2. The registers are
+      // merged pairwise as vectors first (a short row pays little for the merge: the scalar
+      // one over all 32 lanes was a quarter of a 128-wide row's forward), then the lanes of
+      // the last.
+      acc_t n = count;
+      for (int width = kRegs; width > 1; width /= 2, n *= 2) {
+        const Vec half_n(n / 2), half(acc_t(0.5));
+        for (int r = 0; r < width / 2; ++r) {
+          const Vec d = mean[r] - mean[r + width / 2];
+          m2[r] = at::vec::fmadd(d * d, half_n, m2[r] + m2[r + width / 2]);
+          mean[r] = (mean[r] + mean[r + width / 2]) * half;
+        }
+      }
+      // The lanes of the last register by shuffles (a scalar loop over its lanes was a
+      // chain of dependent additions that each row waited for).
+      block.mean = lane_sum(mean[0]) / acc_t(Vec::size());
+      const Vec d = mean[0] - Vec(block.mean);
+      block.m2 = lane_sum(at::vec::fmadd(d * d, Vec(n), m2[0]));
+      block.count = count * kLanes;
+    }
+    return block;
+  };
+  WelfordState<acc_t> total = combined_blocks<WelfordState<acc_t>>(
+      vec_end, block_summary, [](WelfordState<acc_t> a, const WelfordState<acc_t>& b) {
+        a.merge(b);
+        return a;
+      });
+  if constexpr (kPrefetch) prefetch_last_columns(next + N, N - vec_end);
   // The tail (fewer than kStep values, up to 63 with AVX-512) through the vector code in
   // blocks of kWidth zero-padded at the end.
   if (vec_end < N) {
@@ -218,21 +230,27 @@ acc_t row_mean_square(const T* x, int64_t N) {
   using IO = VecIO<T, acc_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t kStep = 2 * IO::kWidth;
-  Vec sum[4] = {Vec(0), Vec(0), Vec(0), Vec(0)};
   const int64_t vec_end = N - N % kStep;
-  for (int64_t i = 0; i < vec_end; i += kStep) {
-    Vec v[4];
-    IO::load_any_order(x + i, v[0], v[1]);
-    IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
-    for (int r = 0; r < 4; ++r) sum[r] = at::vec::fmadd(v[r], v[r], sum[r]);
-  }
-  for (int64_t i = vec_end; i < N; i += IO::kWidth) {  // the tail, zero-padded blocks
-    Vec lo, hi;
-    load_partial<T, acc_t>(x + i, std::min<int64_t>(IO::kWidth, N - i), lo, hi);
-    sum[0] = at::vec::fmadd(lo, lo, sum[0]);
-    sum[1] = at::vec::fmadd(hi, hi, sum[1]);
-  }
-  const acc_t total = lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  // The sum over the vector columns [start, end), and the tail with the last block.
+  const auto block_sum = [&](int64_t start, int64_t end) {
+    Vec sum[4] = {Vec(0), Vec(0), Vec(0), Vec(0)};
+    for (int64_t i = start; i < end; i += kStep) {
+      Vec v[4];
+      IO::load_any_order(x + i, v[0], v[1]);
+      IO::load_any_order(x + i + IO::kWidth, v[2], v[3]);
+      for (int r = 0; r < 4; ++r) sum[r] = at::vec::fmadd(v[r], v[r], sum[r]);
+    }
+    if (end == vec_end) {
+      for (int64_t i = vec_end; i < N; i += IO::kWidth) {  // the tail, zero-padded blocks
+        Vec lo, hi;
+        load_partial<T, acc_t>(x + i, std::min<int64_t>(IO::kWidth, N - i), lo, hi);
+        sum[0] = at::vec::fmadd(lo, lo, sum[0]);
+        sum[1] = at::vec::fmadd(hi, hi, sum[1]);
+      }
+    }
+    return lane_sum((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  };
+  const acc_t total = combined_blocks<acc_t>(vec_end, block_sum, std::plus<acc_t>());
   return N > 0 ? total / N : acc_t(0);
 }
 
@@ -425,6 +443,13 @@ struct RowMoments {
   acc_t shift = 0, mean = 0, rstd = 0;
 };
 
+// rstd = 1 / sqrt(v), v a row's mean square plus eps; NaN where v overflowed to infinity
+// (docs/DESIGN.md, Numerics: a row whose statistics overflow).
+template <typename acc_t>
+inline acc_t row_rstd(acc_t v) {
+  return std::isinf(v) ? std::numeric_limits<acc_t>::quiet_NaN() : acc_t(1) / std::sqrt(v);
+}
+
 // The statistics sweep of one row and its rstd; prefetch_row (LayerNorm only; may be null):
 // a row of the same length to ask for along the way.
 template <typename T, typename acc_t, bool kCentered>
@@ -439,9 +464,9 @@ RowMoments<acc_t> row_moments(const T* x, int64_t N, acc_t eps, const T* prefetc
         prefetch_row != nullptr ? row_statistics<T, acc_t, true>(x, N, m.shift, prefetch_row)
                                 : row_statistics<T, acc_t, false>(x, N, m.shift);
     m.mean = stats.mean;
-    m.rstd = acc_t(1) / std::sqrt(stats.variance() + eps);
+    m.rstd = row_rstd(stats.variance() + eps);
   } else {
-    m.rstd = acc_t(1) / std::sqrt(row_mean_square<T, acc_t>(x, N) + eps);
+    m.rstd = row_rstd(row_mean_square<T, acc_t>(x, N) + eps);
   }
   return m;
 }
@@ -623,53 +648,62 @@ std::pair<acc_t, acc_t> row_grad_means(const D* dy, const T* x, acc_t mean, acc_
       ghi = ghi * whi;
     }
   };
-  Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
-  for (int64_t i = 0; i < vec_end; i += W) {
-    if (prefetch_dy != nullptr) prefetch_block<D, acc_t>(prefetch_dy + i);
-    Vec dlo, dhi, xlo, xhi;
-    load_g_and_x(i, dlo, dhi, xlo, xhi);
-    if constexpr (kCentered) {
+  // The sums over the columns [start, end), and the last columns with the last block.
+  const auto block_sums = [&](int64_t start, int64_t end) {
+    Vec sum_g_lo(0), sum_g_hi(0), sum_gx_lo(0), sum_gx_hi(0);
+    for (int64_t i = start; i < end; i += W) {
+      if (prefetch_dy != nullptr) prefetch_block<D, acc_t>(prefetch_dy + i);
+      Vec dlo, dhi, xlo, xhi;
+      load_g_and_x(i, dlo, dhi, xlo, xhi);
+      if constexpr (kCentered) {
+        sum_g_lo = sum_g_lo + dlo;
+        sum_g_hi = sum_g_hi + dhi;
+      }
+      sum_gx_lo = at::vec::fmadd(dlo, normalized<T>(xlo, vmean, vrstd, voffset), sum_gx_lo);
+      sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, voffset), sum_gx_hi);
+    }
+    if (end < vec_end || vec_end == N) {
+      return std::pair<acc_t, acc_t>(lane_sum(sum_g_lo + sum_g_hi), lane_sum(sum_gx_lo + sum_gx_hi));
+    }
+    if (vec_end > 0) {  // the last columns: an overlapping tail (vec_io.h)
+      Vec dlo, dhi, xlo, xhi;
+      load_g_and_x(N - W, dlo, dhi, xlo, xhi);
+      Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, voffset),
+          gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, voffset);
+      const Vec zero(0);
+      blend_last_lanes(N - vec_end, zero, zero, dlo, dhi);
+      blend_last_lanes(N - vec_end, zero, zero, gx_lo, gx_hi);
       sum_g_lo = sum_g_lo + dlo;
       sum_g_hi = sum_g_hi + dhi;
+      sum_gx_lo = sum_gx_lo + gx_lo;
+      sum_gx_hi = sum_gx_hi + gx_hi;
+    } else {  // a row shorter than a block: one zero-padded block
+      const int64_t count = N - vec_end;
+      Vec dlo, dhi, xlo, xhi;
+      load_partial<D, acc_t>(dy + vec_end, count, dlo, dhi);
+      load_partial<T, acc_t>(x + vec_end, count, xlo, xhi);
+      if constexpr (kWeight) {
+        Vec wlo, whi;
+        load_partial<acc_t, acc_t>(weight + vec_end, count, wlo, whi);
+        dlo = dlo * wlo;
+        dhi = dhi * whi;
+      }
+      sum_g_lo = sum_g_lo + dlo;  // padded lanes add g = 0
+      sum_g_hi = sum_g_hi + dhi;
+      // A padded lane's xhat is that of x = 0, non-finite with non-finite statistics: masked.
+      Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, voffset),
+          gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, voffset);
+      keep_first_lanes(count, gx_lo, gx_hi);
+      sum_gx_lo = sum_gx_lo + gx_lo;
+      sum_gx_hi = sum_gx_hi + gx_hi;
     }
-    sum_gx_lo = at::vec::fmadd(dlo, normalized<T>(xlo, vmean, vrstd, voffset), sum_gx_lo);
-    sum_gx_hi = at::vec::fmadd(dhi, normalized<T>(xhi, vmean, vrstd, voffset), sum_gx_hi);
-  }
+    return std::pair<acc_t, acc_t>(lane_sum(sum_g_lo + sum_g_hi), lane_sum(sum_gx_lo + sum_gx_hi));
+  };
   if (prefetch_dy != nullptr) prefetch_last_columns(prefetch_dy + N, N - vec_end);
-  if (vec_end < N && vec_end > 0) {  // the last columns: an overlapping tail (vec_io.h)
-    Vec dlo, dhi, xlo, xhi;
-    load_g_and_x(N - W, dlo, dhi, xlo, xhi);
-    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, voffset),
-        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, voffset);
-    const Vec zero(0);
-    blend_last_lanes(N - vec_end, zero, zero, dlo, dhi);
-    blend_last_lanes(N - vec_end, zero, zero, gx_lo, gx_hi);
-    sum_g_lo = sum_g_lo + dlo;
-    sum_g_hi = sum_g_hi + dhi;
-    sum_gx_lo = sum_gx_lo + gx_lo;
-    sum_gx_hi = sum_gx_hi + gx_hi;
-  } else if (vec_end < N) {  // a row shorter than a block: one zero-padded block
-    const int64_t count = N - vec_end;
-    Vec dlo, dhi, xlo, xhi;
-    load_partial<D, acc_t>(dy + vec_end, count, dlo, dhi);
-    load_partial<T, acc_t>(x + vec_end, count, xlo, xhi);
-    if constexpr (kWeight) {
-      Vec wlo, whi;
-      load_partial<acc_t, acc_t>(weight + vec_end, count, wlo, whi);
-      dlo = dlo * wlo;
-      dhi = dhi * whi;
-    }
-    sum_g_lo = sum_g_lo + dlo;  // padded lanes add g = 0
-    sum_g_hi = sum_g_hi + dhi;
-    // A padded lane's xhat is that of x = 0, non-finite with non-finite statistics: masked.
-    Vec gx_lo = dlo * normalized<T>(xlo, vmean, vrstd, voffset),
-        gx_hi = dhi * normalized<T>(xhi, vmean, vrstd, voffset);
-    keep_first_lanes(count, gx_lo, gx_hi);
-    sum_gx_lo = sum_gx_lo + gx_lo;
-    sum_gx_hi = sum_gx_hi + gx_hi;
-  }
-  const acc_t sum_g = lane_sum(sum_g_lo + sum_g_hi);
-  const acc_t sum_gx = lane_sum(sum_gx_lo + sum_gx_hi);
+  const auto [sum_g, sum_gx] = combined_blocks<std::pair<acc_t, acc_t>>(
+      vec_end, block_sums, [](const std::pair<acc_t, acc_t>& a, const std::pair<acc_t, acc_t>& b) {
+        return std::pair<acc_t, acc_t>(a.first + b.first, a.second + b.second);
+      });
   return {kCentered ? sum_g / N : acc_t(0), sum_gx / N};
 }
 
@@ -681,24 +715,28 @@ C10_ALWAYS_INLINE acc_t row_mean_of(const T* x, int64_t N, F f) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t W = IO::kWidth;
   const int64_t vec_end = N - N % W;
-  Vec sum_lo(0), sum_hi(0);
-  for (int64_t i = 0; i < vec_end; i += W) {
-    Vec lo, hi;
-    IO::load_any_order(x + i, lo, hi);  // a sum: any order of the columns will do
-    sum_lo = sum_lo + f(lo);
-    sum_hi = sum_hi + f(hi);
-  }
-  if (vec_end < N) {
-    const int64_t count = N - vec_end;
-    Vec lo, hi;
-    load_partial<T, acc_t>(x + vec_end, count, lo, hi);
-    lo = f(lo);
-    hi = f(hi);
-    keep_first_lanes(count, lo, hi);  // a padded lane holds f(0)
-    sum_lo = sum_lo + lo;
-    sum_hi = sum_hi + hi;
-  }
-  return lane_sum(sum_lo + sum_hi) / N;
+  // The sum over the columns [start, end), and the tail with the last block.
+  const auto block_sum = [&](int64_t start, int64_t end) {
+    Vec sum_lo(0), sum_hi(0);
+    for (int64_t i = start; i < end; i += W) {
+      Vec lo, hi;
+      IO::load_any_order(x + i, lo, hi);  // a sum: any order of the columns will do
+      sum_lo = sum_lo + f(lo);
+      sum_hi = sum_hi + f(hi);
+    }
+    if (end == vec_end && vec_end < N) {
+      const int64_t count = N - vec_end;
+      Vec lo, hi;
+      load_partial<T, acc_t>(x + vec_end, count, lo, hi);
+      lo = f(lo);
+      hi = f(hi);
+      keep_first_lanes(count, lo, hi);  // a padded lane holds f(0)
+      sum_lo = sum_lo + lo;
+      sum_hi = sum_hi + hi;
+    }
+    return lane_sum(sum_lo + sum_hi);
+  };
+  return combined_blocks<acc_t>(vec_end, block_sum, std::plus<acc_t>()) / N;
 }
 
 // mean(xhat) over one row, xhat = (x - mean) * rstd as the backward computes it: a sweep

@@ -38,8 +38,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -114,8 +116,14 @@ void visit_bucket(int index, Fn&& fn) {
 // Device helpers
 
 // Correctly rounded 1/sqrt(v) (no division: its slow-path call made the large buckets spill).
-__device__ __forceinline__ float inverse_sqrt(float v) { return __frsqrt_rn(v); }
-__device__ __forceinline__ double inverse_sqrt(double v) { return 1.0 / sqrt(v); }
+// rstd = 1 / sqrt(v), v a row's mean square plus eps; NaN where v overflowed to infinity
+// (docs/DESIGN.md, Numerics: a row whose statistics overflow).
+__device__ __forceinline__ float inverse_sqrt(float v) {
+  return isinf(v) ? std::numeric_limits<float>::quiet_NaN() : __frsqrt_rn(v);
+}
+__device__ __forceinline__ double inverse_sqrt(double v) {
+  return isinf(v) ? std::numeric_limits<double>::quiet_NaN() : 1.0 / sqrt(v);
+}
 
 // kLanes Welford summaries that have all seen `count` values, merged into one (Chan's
 // formula for equal counts: the mean of the means, and the spread of the means).

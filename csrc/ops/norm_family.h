@@ -383,9 +383,9 @@ inline Outputs autograd_call(const NormKind& kind, const at::Tensor& input,
                              const OptTensor& residual, c10::SymIntArrayRef normalized_shape,
                              const OptTensor& weight, const OptTensor& bias, double eps,
                              const BelowAutograd& below, const Dropout& dropout = {}) {
-  TORCH_CHECK(!given(dropout.rowscale) || !dropout.rowscale->requires_grad() ||
-                  !at::GradMode::is_enabled(),
-              kind.name, ": rowscale is not differentiable; pass rowscale.detach()");
+  TORCH_CHECK_VALUE(!given(dropout.rowscale) || !dropout.rowscale->requires_grad() ||
+                        !at::GradMode::is_enabled(),
+                    kind.name, ": rowscale is not differentiable; pass rowscale.detach()");
   Outputs outputs = [&]() -> Outputs {
     if (!needs_grad(input, residual, weight, bias)) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;

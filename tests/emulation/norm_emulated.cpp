@@ -4,7 +4,7 @@
 // stdin, one per line:
 //
 //   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
-//            [clusters[=K]] [rms] [res | resmis] [outlier | outliers] [far] [wide] [narrow]
+//            [clusters[=K]] [rms] [res | resmis] [outlier | outliers] [far] [huge] [wide] [narrow]
 //            [drop=P] [rowscale] [captured] [xgrad] [lone]
 //   largest  T  P        (prints the tables' largest rows: largest_rows below)
 //
@@ -31,7 +31,9 @@
 // one near it (a block of two rows holds both kinds), so that the backward's correction of
 // the saved mean's rounding runs where it should (needs_mean_correction: the
 // reference's xhat use the exact mean, against which a float32 or float64 backward without
-// it is off by thousands of the bound's units); wide (T f16 or bf16, P f32): a float32
+// it is off by thousands of the bound's units); huge (forward, T not f16, no multipliers):
+// every other row holds one value whose square overflows acc_t (1e20; float64 1e160), and
+// must give rstd and every y NaN; wide (T f16 or bf16, P f32): a float32
 // residual stream, the kernels' float instantiation with T's x, y and dy (NormFwdArgs' IO):
 // the residual, the sum, the backward's x, grad_sum and dx are float32; narrow (with wide
 // and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io);
@@ -94,6 +96,7 @@ struct Case {
   bool outlier = false;   // one of each row's first three values far from the rest
   bool outliers = false;  // two of them, on one side: the shift far from the rest
   bool far = false;       // rows many times their scale from zero
+  bool huge = false;      // forward: rows whose statistics overflow the accumulator
   bool wide = false;      // a float32 sum beside T's x, y, dy (the IO type)
   bool narrow = false;    // wide: the residual of IO's type
   double drop = 0;        // dropout_p (drop=P; with res)
@@ -177,6 +180,15 @@ struct Data {
 };
 
 // x and dy rounded to IO, the residual / grad_sum to T, the parameters to P.
+// huge: rows 0, 2, 4, ... hold one value whose square overflows the accumulator type (acc_t),
+// though the row's normalized values are finite: the kernels give such a row NaN.
+bool overflows(const Case& c, int64_t r) { return c.huge && r % 2 == 0 && c.N > 0; }
+
+template <typename acc_t>
+double huge_value() {
+  return std::is_same_v<acc_t, double> ? 1e160 : 1e20;
+}
+
 template <typename T, typename P, typename IO = T>
 Data make_data(const Case& c) {
   std::mt19937_64 rng(std::hash<std::string>{}(c.text));
@@ -197,6 +209,7 @@ Data make_data(const Case& c) {
       d.x[r * c.N + r % 3] = shift + scale * (r % 2 == 0 ? 1000 : -1000);
       d.x[r * c.N + (r + 1) % 3] = shift + scale * (r % 2 == 0 ? 1001 : -1001);
     }
+    if (overflows(c, r)) d.x[r * c.N + (r / 2) % c.N] = huge_value<acc_type_t<T>>();
   }
   // far: dy with a mean of 1, so that mean(g) (which the correction of mean(g * xhat)
   // multiplies) is not near zero.
@@ -299,13 +312,20 @@ std::string run_fwd(const Case& c) {
       y_scale[r * c.N + j] = double((std::abs(xhat) + 1) * std::abs(wj) + std::abs(bj));
     }
   }
+  // huge: a row whose statistics overflow has rstd and every y NaN (the kernels' rule); its
+  // mean is not checked.
+  for (int64_t r = 0; r < c.M; ++r) {
+    if (!overflows(c, r)) continue;
+    ref_rstd[r] = std::numeric_limits<double>::quiet_NaN();
+    std::fill_n(&ref_y[r * c.N], c.N, std::numeric_limits<double>::quiet_NaN());
+  }
   const double tol = acc_tolerance<T>(), ulp = unit_roundoff<IO>();
   const double y_tol = c.outlier ? 16 * unit_roundoff<acc_t>() : tol;
   std::string why;
   if (compare<IO>("y", y, ref_y, [&](std::size_t i) { return 2 * ulp * std::abs(ref_y[i]) + subnormal_step<IO>() + y_tol * y_scale[i]; }, why)) return why;
   // The sum output is exact: one rounding of x + residual, as the reference.
   if (c.residual && compare<T>("sum", sum, s_ref, [](std::size_t) { return 0.0; }, why)) return why;
-  if (c.centered && compare<acc_t>("mean", mean, ref_mean, [&](std::size_t r) { return tol * (std::abs(ref_mean[r]) + 1 / ref_rstd[r]); }, why)) return why;
+  if (c.centered && compare<acc_t>("mean", mean, ref_mean, [&](std::size_t r) { return overflows(c, int64_t(r)) ? std::numeric_limits<double>::infinity() : tol * (std::abs(ref_mean[r]) + 1 / ref_rstd[r]); }, why)) return why;
   if (compare<acc_t>("rstd", rstd, ref_rstd, [&](std::size_t r) { return tol * ref_rstd[r]; }, why)) return why;
   return "";
 }
@@ -550,6 +570,8 @@ int main() {
         c.outliers = true;
       } else if (extra == "far") {
         c.far = true;
+      } else if (extra == "huge") {
+        c.huge = true;
       } else if (extra == "wide") {
         c.wide = true;
       } else if (extra == "narrow") {
@@ -586,6 +608,7 @@ int main() {
                               (!c.centered || c.N < 3 || c.pass != "fwd")) ||
                              (c.outlier && c.outliers) ||
                              (c.far && !c.centered) ||
+                             (c.huge && (c.pass != "fwd" || c.t == "f16" || c.multiplied())) ||
                              (c.wide && c.pass == "fwd" && !c.residual) ||
                              (c.narrow && (!c.wide || !c.residual || c.pass != "fwd")) ||
                              (c.multiplied() && c.pass == "fwd" && !c.residual) ||

@@ -580,6 +580,9 @@ inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __fdividef(float a, float b) { return a / b; }
 // Correctly rounded on the GPU; here through double (off by an ulp at most, rarely).
 inline float __frsqrt_rn(float v) { return float(1.0 / std::sqrt(double(v))); }
+// CUDA's isinf, in the global namespace as there.
+inline bool isinf(float v) { return std::isinf(v); }
+inline bool isinf(double v) { return std::isinf(v); }
 
 inline float __uint_as_float(unsigned u) {
   float f;
