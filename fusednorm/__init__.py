@@ -1,7 +1,8 @@
 """fusednorm: fused LayerNorm, RMSNorm, residual add + norm and GELU feed-forward kernels for
 PyTorch (CPU and CUDA), forward and backward, with drop-in modules and model swaps."""
 from . import reference
-from .functional import add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, rms_norm
+from .functional import (add_layer_norm, add_rms_norm, gelu_ffn, layer_norm, layer_norm_gelu_ffn,
+                         rms_norm)
 from .info import __version__, build_info
 from .layer_norm_2d import FusedLayerNorm2d
 from .modules import (FusedAddLayerNorm, FusedAddRMSNorm, FusedGeluFFN, FusedHFRMSNorm,
@@ -29,6 +30,7 @@ __all__ = [
     "build_info",
     "gelu_ffn",
     "layer_norm",
+    "layer_norm_gelu_ffn",
     "norm_report",
     "reference",
     "replace_layernorm",

@@ -71,6 +71,53 @@ def test_compile_fullgraph_forward_backward(device, dynamic):
             torch.testing.assert_close(a, b)
 
 
+# (module, inputs it takes, their trailing shape)
+DYNAMIC_MODULES = [
+    ("layer_norm", lambda: fusednorm.FusedLayerNorm(16), 1),
+    ("rms_norm", lambda: fusednorm.FusedRMSNorm(16, zero_centered_weight=True), 1),
+    ("add_layer_norm", lambda: fusednorm.FusedAddLayerNorm(16, residual_dtype=torch.float32), 2),
+    ("add_rms_norm", lambda: fusednorm.FusedAddRMSNorm(16, dropout_p=0.1), 2),
+    ("gelu_ffn", lambda: fusednorm.FusedGeluFFN(16, 24), 1),
+    ("layer_norm_gelu_ffn", lambda: fusednorm.FusedLayerNormGeluFFN(16, 24), 1),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, make, n_inputs", DYNAMIC_MODULES, ids=[m[0] for m in DYNAMIC_MODULES])
+def test_dynamic_shapes_compile_one_graph_for_every_batch(device, name, make, n_inputs):
+    """Forward and backward under dynamic shapes: one graph for every batch size, as
+    nn.LayerNorm gets (the backward nodes read sizes as SymInts; a concrete size() there
+    specialized every compiled backward to its batch, and a mark_dynamic batch raised), and
+    every batch's gradients those of eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    module = make().to(device)
+    compiled = torch.compile(module, backend="aot_eager", dynamic=True, fullgraph=True)
+    for batch in (2, 3, 5, 7, 11):
+        inputs = [random_input((batch, 3, 16), torch.float32, device, seed=batch + k)
+                  for k in range(n_inputs)]
+        grads = []
+        for fn in (compiled, module):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            torch.manual_seed(batch)  # the same dropout mask for both
+            out = fn(*leaves)
+            out = out if isinstance(out, tuple) else (out,)
+            torch.autograd.backward(out, [o.detach().cos() for o in out])
+            grads.append([t.grad for t in leaves])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+    torch._dynamo.reset()
+    x = random_input((6, 3, 16), torch.float32, device).requires_grad_()
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    out = compiled(*([x] * n_inputs))
+    (out[0] if isinstance(out, tuple) else out).sum().backward()  # no ConstraintViolationError
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_graphs_call_the_fused_ops(device):
     """The forward graph runs fusednorm's op and the backward graph its fused backward op,

@@ -848,3 +848,9 @@ def test_ffn_modules_call_submodules_that_do_more(block, change):
     # Back to plain submodules: the fused op again.
     if change not in ("lora_fc1", "marked_weight"):
         assert module(x).grad_fn.name().startswith("fusednorm.")
+
+
+def test_the_block_function_is_public():
+    """The README's support table names fusednorm.layer_norm_gelu_ffn."""
+    assert fusednorm.layer_norm_gelu_ffn is fusednorm.functional.layer_norm_gelu_ffn
+    assert "layer_norm_gelu_ffn" in fusednorm.__all__

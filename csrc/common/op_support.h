@@ -23,21 +23,26 @@ c10::TypedOperatorHandle<Signature> fusednorm_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
+// Sizes here are SymInts (sym_sizes, view_symint): the autograd nodes run these helpers
+// while torch.compile traces a backward, where a concrete size() would specialize the graph
+// to that size (a recompile per batch size under dynamic shapes).
+
 // t as row-major [rows, cols] with cols = the product of its trailing `trailing_dims`
 // dims: a copy only when t's layout is not already that.
 inline at::Tensor as_rows(const at::Tensor& t, int64_t trailing_dims) {
   if (t.dim() == 2 && trailing_dims == 1 && t.is_contiguous()) return t;  // no dispatch
-  int64_t rows = 1;
-  for (int64_t d = 0; d < t.dim() - trailing_dims; ++d) rows *= t.size(d);
-  int64_t cols = 1;
-  for (int64_t d = t.dim() - trailing_dims; d < t.dim(); ++d) cols *= t.size(d);
-  if (t.is_contiguous()) return t.view({rows, cols});
-  return t.reshape({rows, cols}).contiguous();
+  const c10::SymIntArrayRef sizes = t.sym_sizes();
+  c10::SymInt rows = 1;
+  for (int64_t d = 0; d < t.dim() - trailing_dims; ++d) rows *= sizes[d];
+  c10::SymInt cols = 1;
+  for (int64_t d = t.dim() - trailing_dims; d < t.dim(); ++d) cols *= sizes[d];
+  if (t.is_contiguous()) return t.view_symint({rows, cols});
+  return t.reshape_symint({rows, cols}).contiguous();
 }
 
 // The inverse of as_rows for an output of `rows`' layout: `like`'s shape.
-inline at::Tensor shaped_like(const at::Tensor& rows, at::IntArrayRef shape) {
-  return rows.sizes() == shape ? rows : rows.view(shape);
+inline at::Tensor shaped_like(const at::Tensor& rows, c10::SymIntArrayRef shape) {
+  return rows.sym_sizes() == shape ? rows : rows.view_symint(shape);
 }
 
 // A parameter flattened to a contiguous 1-D tensor (nullopt stays nullopt).

@@ -135,13 +135,13 @@ inline std::vector<at::Tensor> ffn_backward(const at::Tensor& input, const at::T
                                             const at::Tensor& bias2,
                                             const std::string& approximate,
                                             const at::Tensor& grad_out) {
-  const at::Tensor x = input.reshape({-1, input.size(-1)});
-  const at::Tensor dy = grad_out.reshape({-1, grad_out.size(-1)});
+  const at::Tensor x = input.reshape_symint({-1, input.sym_size(-1)});
+  const at::Tensor dy = grad_out.reshape_symint({-1, grad_out.sym_size(-1)});
   const std::optional<at::Tensor> b1 = bias1.defined() ? std::optional(bias1) : std::nullopt;
   const at::Tensor hidden = at::linear(x, weight1, b1);
   const at::Tensor act = at::gelu(hidden, approximate);
   const at::Tensor grad_hidden = at::gelu_backward(at::mm(dy, weight2), hidden, approximate);
-  return {at::mm(grad_hidden, weight1).view(input.sizes()),
+  return {at::mm(grad_hidden, weight1).view_symint(input.sym_sizes()),
           at::mm(grad_hidden.t(), x),
           bias1.defined() ? grad_hidden.sum(0) : at::Tensor(),
           at::mm(dy.t(), act),

@@ -31,9 +31,9 @@ Result gelu_ffn_rows(const at::Tensor& input, const at::Tensor& weight1, const O
       as_rows(input, 1), weight1.contiguous(), contiguous_or_none(bias1), weight2.contiguous(),
       contiguous_or_none(bias2), approximate);
   if (input.dim() == 2) return {out, hidden};
-  auto out_shape = input.sizes().vec();
-  out_shape.back() = weight2.size(0);
-  return {out.view(out_shape), hidden};
+  auto out_shape = input.sym_sizes().vec();
+  out_shape.back() = weight2.sym_size(0);
+  return {out.view_symint(out_shape), hidden};
 }
 
 // The op from ATen's differentiable ops, which gives forward-mode AD's tangent.
@@ -70,7 +70,7 @@ struct GeluFFNBackward : public SavedListNode {
     auto [grad_input, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
         as_rows(grad_out, 1), as_rows(input, 1), hidden, weight1.contiguous(),
         weight2.contiguous(), bias1.defined(), bias2.defined(), approximate_);
-    return {shaped_like(grad_input, input.sizes()), grad_w1,
+    return {shaped_like(grad_input, input.sym_sizes()), grad_w1,
             bias1.defined() ? grad_b1 : at::Tensor(), grad_w2,
             bias2.defined() ? grad_b2 : at::Tensor()};
   }

@@ -50,7 +50,7 @@ Result block_rows(const at::Tensor& input, const OptTensor& ln_weight, const Opt
   auto [y, hidden] = row_ops::gelu_ffn_fwd().call(normed, weight1.contiguous(),
                                                   contiguous_or_none(bias1), weight2.contiguous(),
                                                   contiguous_or_none(bias2), approximate);
-  return {shaped_like(at::add(x, y), input.sizes()), mean, rstd, hidden};
+  return {shaped_like(at::add(x, y), input.sym_sizes()), mean, rstd, hidden};
 }
 
 at::Tensor block_reference(const variable_list& v, double eps, const std::string& approximate) {
@@ -103,10 +103,10 @@ struct BlockBackward : public SavedListNode {
         row_ops::norm_bwd().call(grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b,
                                  /*centered=*/true, std::nullopt, 0.0, std::nullopt,
                                  std::nullopt);
-    const at::Tensor grad_input = shaped_like(at::add(grad_x, grad_rows), input.sizes());  // + the residual's
+    const at::Tensor grad_input = shaped_like(at::add(grad_x, grad_rows), input.sym_sizes());  // + the residual's
     return {grad_input,
-            ln_weight.defined() ? grad_ln_w.view(ln_weight.sizes()) : at::Tensor(),
-            ln_bias.defined() ? grad_ln_b.view(ln_bias.sizes()) : at::Tensor(),
+            ln_weight.defined() ? grad_ln_w.view_symint(ln_weight.sym_sizes()) : at::Tensor(),
+            ln_bias.defined() ? grad_ln_b.view_symint(ln_bias.sym_sizes()) : at::Tensor(),
             grad_w1,
             bias1.defined() ? grad_b1 : at::Tensor(),
             grad_w2,

@@ -186,8 +186,8 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
       rowscale_rows(dropout.rowscale, input),
       dropout.p > 0.0 ? OptTensor(rng_state) : std::nullopt);
   // Without a residual, sum is an empty placeholder: no sum output.
-  sum = kind.residual ? shaped_like(sum, input.sizes()) : at::Tensor();
-  return {shaped_like(out, input.sizes()), sum, mean, rstd, rng_state};
+  sum = kind.residual ? shaped_like(sum, input.sym_sizes()) : at::Tensor();
+  return {shaped_like(out, input.sym_sizes()), sum, mean, rstd, rng_state};
 }
 
 // The multipliers of a forward with dropout / rowscale as a tensor of the input's shape, in
@@ -196,11 +196,12 @@ inline Outputs forward_rows(const NormKind& kind, const at::Tensor& input,
 inline at::Tensor multipliers(const at::Tensor& input, int64_t dims, const Dropout& dropout,
                               const at::Tensor& rng_state) {
   const at::ScalarType type = stats_dtype(input.scalar_type());
-  const at::Tensor ones = at::ones(as_rows(input, dims).sizes(), input.options().dtype(type));
+  const at::Tensor ones =
+      at::ones_symint(as_rows(input, dims).sym_sizes(), input.options().dtype(type));
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return row_ops::dropout_scale()
       .call(ones, rowscale_rows(dropout.rowscale, input), rng_state, dropout.p, type)
-      .view(input.sizes());
+      .view_symint(input.sym_sizes());
 }
 
 // The op from ATen's differentiable ops (formulas::norm_forward): (out, sum), sum = input +
@@ -321,8 +322,8 @@ struct NormBackward : public torch::autograd::Node {
         own_input_grad ? OptDtype(input_type_) : std::nullopt, p,
         dropout_active_ ? rowscale_rows(dropout.rowscale, normed_input) : std::nullopt,
         p > 0.0 ? OptTensor(rng_state_.unpack()) : std::nullopt);
-    grad_input = shaped_like(grad_input, normed_input.sizes());
-    result[0] = own_input_grad ? shaped_like(grad_x, normed_input.sizes()) : grad_input;
+    grad_input = shaped_like(grad_input, normed_input.sym_sizes());
+    result[0] = own_input_grad ? shaped_like(grad_x, normed_input.sym_sizes()) : grad_input;
     if (kind_.residual) {
       // The residual's: the sum's, in the residual's dtype (rounded once: that of a 16-bit
       // residual beside a wider sum is the input's gradient itself when no multiplier
@@ -332,8 +333,8 @@ struct NormBackward : public torch::autograd::Node {
                   : same_as_input            ? result[0]
                                              : grad_input.to(residual_type_);
     }
-    if (weight.defined()) result[2] = grad_weight.view(weight.sizes());
-    if (bias.defined()) result[3] = grad_bias.view(bias.sizes());
+    if (weight.defined()) result[2] = grad_weight.view_symint(weight.sym_sizes());
+    if (bias.defined()) result[3] = grad_bias.view_symint(bias.sym_sizes());
     return result;
   }
 };
