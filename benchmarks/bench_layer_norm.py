@@ -161,7 +161,9 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     device = cli.resolve_device(args.device, args.cpu_memory)
     cases = selected_cases(args, device)
     notes: list[str] = []
-    names = usable_providers(cli.wanted_providers(args, PROVIDERS, device), device, notes)
+    wanted = cli.wanted_providers(args, PROVIDERS, device)
+    names = usable_providers(wanted, device, notes)
+    cli.refuse_save_without_fusednorm(args, wanted, names, notes)
     for note in notes:
         print(f"[{SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),

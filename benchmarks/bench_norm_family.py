@@ -441,8 +441,9 @@ def run(suite: NormSuite, args: argparse.Namespace):
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device, args.cpu_memory)
     notes: list[str] = []
-    names = usable_providers(suite, cli.wanted_providers(args, suite.providers, device), device,
-                             notes)
+    wanted = cli.wanted_providers(args, suite.providers, device)
+    names = usable_providers(suite, wanted, device, notes)
+    cli.refuse_save_without_fusednorm(args, wanted, names, notes)
     run_cases = cases(suite, args, device, notes)
     probed: dict = {}
     builders = [case_builder(suite, variant, M, N, dtype, device,

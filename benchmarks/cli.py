@@ -128,10 +128,49 @@ def out_root(args: argparse.Namespace) -> Path:
             raise SystemExit("--save publishes results: not with --quick (a smoke run)")
         if getattr(args, "stop_after", None) is not None:
             raise SystemExit("--save publishes complete results: not with --stop-after")
+        subset = subset_options(args)
+        if subset:
+            raise SystemExit(f"--save publishes the default run's cases and providers: not "
+                             f"with {', '.join(subset)} (a subset; leave out --save, or use "
+                             "--out DIR)")
         return stamp.RESULTS_DIR
     if args.out is not None:
         return args.out
     return QUICK_DIR if args.quick else stamp.LOCAL_DIR
+
+
+# Options that choose a subset of a suite's run (dest, option); --full and
+# --all-variant-cases add cases and are published.
+SUBSET_OPTIONS = (("dtypes", "--dtypes"), ("shapes", "--shapes"), ("providers", "--providers"),
+                  ("variants", "--variants"))
+
+
+def subset_options(args: argparse.Namespace) -> list[str]:
+    """The options of args that leave part of the default run out: --passes other than all
+    three, --dtypes, --shapes, --providers, --variants."""
+    found = []
+    passes = getattr(args, "passes", None)
+    if passes is not None and list(passes) != list(runner.PASSES):
+        found.append("--passes")
+    found += [option for dest, option in SUBSET_OPTIONS if getattr(args, dest, None) is not None]
+    return found
+
+
+def refuse_save_without_fusednorm(args: argparse.Namespace, wanted: Sequence[str],
+                                  usable: Sequence[str], notes: Sequence[str]) -> None:
+    """--save when a fusednorm provider of the run cannot run here (no kernel for the
+    device, a build without the api: availability.usable_providers left it out, saying why
+    in notes): SystemExit before anything is timed or written, since the published files
+    would hold no fusednorm rows (or the reference's)."""
+    if not getattr(args, "save", False):
+        return
+    missing = [name for name in wanted
+               if (name == "fusednorm" or name.startswith("fusednorm ")) and name not in usable]
+    if missing:
+        why = [note for note in notes if any(note.startswith(f"{name} not benchmarked")
+                                             for name in missing)]
+        raise SystemExit("--save publishes fusednorm's timings: not without its kernels ("
+                         + "; ".join(why or missing) + ")")
 
 
 def suite_parser(description: str, providers: Sequence[str]) -> argparse.ArgumentParser:

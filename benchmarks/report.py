@@ -151,12 +151,17 @@ def to_json(result: dict) -> str:
 def folder_name(result: dict) -> str:
     """<device-slug>, then for a CPU run: -<SIMD level> when fusednorm's CPU kernels ran below
     AVX-512 (amd-epyc-avx2: CPUs of one model name come with and without it, and the level
-    moves the kernels' speed as much as a code change), and -fresh-memory under --cpu-memory
-    fresh. Each lands beside the default folder instead of replacing its files."""
+    moves the kernels' speed as much as a code change), -reference when it had no CPU kernels
+    ("cpu: reference": fusednorm ran its plain-PyTorch reference), -<slug> of any other
+    stamp, and -fresh-memory under --cpu-memory fresh. Each lands beside the default folder
+    instead of replacing its files."""
     suffix = ""
     if result.get("device_kind") == "cpu":
-        level = re.match(r"cpu (\w+)", result.get("fusednorm_build", ""))
-        if level and level.group(1) != "avx512":
+        cpu_part = result.get("fusednorm_build", "").split(",")[0].strip()
+        level = re.fullmatch(r"cpu (\w+)", cpu_part)
+        if level is None:  # "cpu: reference", or a stamp this code does not know
+            suffix += "-" + stamp.slug(cpu_part.removeprefix("cpu"))
+        elif level.group(1) != "avx512":
             suffix += "-" + level.group(1)
         if result.get("cpu_memory") == "fresh":
             suffix += "-fresh-memory"

@@ -3,6 +3,7 @@ format, and a wrong provider that must be refused before it is timed. (No timing
 judged here: benchmarks, never tests, carry performance numbers.)"""
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -183,6 +184,40 @@ def test_save_writes_the_committed_results_and_only_then():
         _out("--save", "--quick")  # a smoke run is not published
     with pytest.raises(SystemExit):
         _out("--save", "--out", "/tmp/x")  # argparse: mutually exclusive
+
+
+@pytest.mark.parametrize("subset", [["--passes", "fwd"], ["--dtypes", "bf16"],
+                                    ["--shapes", "64x32"], ["--providers", "fusednorm,torch"]])
+def test_save_refuses_a_subset_of_the_run(subset):
+    """Published files hold the default run's cases: --save refuses the options that leave
+    some out (and python -m benchmarks --passes too)."""
+    assert _out(*subset) == stamp.LOCAL_DIR  # without --save: fine
+    with pytest.raises(SystemExit, match=subset[0]):
+        _out("--save", *subset)
+    assert _out("--save", "--passes", "fwd,bwd,fwd+bwd") == stamp.RESULTS_DIR  # all three
+    with pytest.raises(SystemExit, match="--passes"):
+        cli.out_root(run_all.parser().parse_args(["--save", "--passes", "bwd"]))
+
+
+def test_save_refuses_when_fusednorm_cannot_run(tmp_path, monkeypatch):
+    """--save without fusednorm's kernels for the device would publish files without its
+    rows: refused before anything is timed, and nothing is written."""
+    from benchmarks import availability
+
+    monkeypatch.setattr(stamp, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(availability, "fusednorm_skip_reason",
+                        lambda device, op, api: "no compiled cpu kernel for fusednorm::norm_fwd*")
+    args = bench_layer_norm.parser().parse_args(
+        ["--device", "cpu", "--save", "--cpu-memory", "fresh"])
+    with pytest.raises(SystemExit, match="no compiled cpu kernel"):
+        bench_layer_norm.run(args)
+    assert not (tmp_path / "results").exists()
+    # Without --save the run goes on, the absence named in the notes.
+    notes = []
+    names = bench_layer_norm.usable_providers(["fusednorm", "torch"], torch.device("cpu"), notes)
+    cli.refuse_save_without_fusednorm(argparse.Namespace(save=False), ["fusednorm", "torch"],
+                                      names, notes)
+    assert names == ["torch"] and notes[0].startswith("fusednorm not benchmarked")
 
 
 def test_stop_after_writes_the_cases_timed_and_says_how_many_were_not(tmp_path):
@@ -592,7 +627,10 @@ def test_results_folder_names_the_cpu_simd_level_below_avx512():
     assert folder("cpu", "cpu avx2, cuda 9.0", "reuse") == "amd-epyc-avx2"
     assert folder("cpu", "cpu avx2", "fresh") == "amd-epyc-avx2-fresh-memory"
     assert folder("cpu", "cpu avx512", "fresh") == "amd-epyc-fresh-memory"
-    assert folder("cpu", "cpu: reference") == "amd-epyc"
+    # No CPU kernels (fusednorm ran its reference): a folder of its own, never the AVX-512 one.
+    assert folder("cpu", "cpu: reference") == "amd-epyc-reference"
+    assert folder("cpu", "cpu: reference, cuda 9.0", "fresh") == "amd-epyc-reference-fresh-memory"
+    assert folder("cpu", "something else") == "amd-epyc-something-else"
     assert folder("cuda", "cpu avx2, cuda 9.0") == "amd-epyc"
 
 
