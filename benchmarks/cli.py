@@ -133,6 +133,13 @@ def out_root(args: argparse.Namespace) -> Path:
             raise SystemExit(f"--save publishes the default run's cases and providers: not "
                              f"with {', '.join(subset)} (a subset; leave out --save, or use "
                              "--out DIR)")
+        matches = stamp.build_matches_sources()
+        if not matches:
+            raise SystemExit(
+                "--save publishes the timings of this commit's sources: "
+                + ("the loaded fusednorm was built from other sources (a stale build)"
+                   if matches is False else "the loaded fusednorm has no build record")
+                + "; rebuild first (bash scripts/install.sh)")
         return stamp.RESULTS_DIR
     if args.out is not None:
         return args.out

@@ -80,6 +80,26 @@ def fusednorm_build() -> str:
     return ", ".join(parts)
 
 
+def build_matches_sources() -> bool | None:
+    """Whether the loaded fusednorm library was compiled from this checkout's current C++/CUDA
+    sources and setup.py: its build record's SOURCE_HASH (fusednorm/_build_config.py, which
+    setup.py writes) against fusednorm/_build_stamp.py's hash of REPO_ROOT now. False: a
+    stale build, whose timings are not those of the commit the file is stamped with; None:
+    no build record (never built, a failed build, an older setup.py)."""
+    import importlib
+
+    from fusednorm import _build_stamp
+
+    try:
+        config = importlib.import_module("fusednorm._build_config")
+    except ImportError:
+        return None
+    built = getattr(config, "SOURCE_HASH", None)
+    if not built:
+        return None
+    return built == _build_stamp.source_hash(REPO_ROOT)
+
+
 def header(suite: str, device: torch.device) -> dict:
     """The fields that open a results file, in docs/DESIGN.md's order (copy_gbps and rows follow)."""
     return {
@@ -88,6 +108,7 @@ def header(suite: str, device: torch.device) -> dict:
         "device_kind": device.type,
         "torch": torch.__version__,
         "fusednorm_build": fusednorm_build(),
+        "build_matches_sources": build_matches_sources(),
         "commit": git_commit(),
         "date": iso_now(),
     }

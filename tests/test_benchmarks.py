@@ -19,7 +19,8 @@ import fusednorm
 from benchmarks import (bench_gelu_ffn, bench_layer_norm, busy, cli, harness, plotting, run_all,
                         runner, stamp)
 
-TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build", "commit", "date",
+TOP_KEYS = ["suite", "device", "device_kind", "torch", "fusednorm_build",
+            "build_matches_sources", "commit", "date",
             "cpu_memory", "copy_gbps", "rows"]
 ROW_KEYS = ["pass", "dtype", "M", "N", "provider", "ms", "ms_p20", "ms_p80", "gbps",
             "pct_of_copy", "copy_gbps", "peak_mem_mb", "saved_mb"]
@@ -177,7 +178,13 @@ def test_default_output_is_untracked_and_outside_results():
     assert not _git_ignores(stamp.RESULTS_DIR)  # the published files stay tracked
 
 
-def test_save_writes_the_committed_results_and_only_then():
+@pytest.fixture
+def built_from_sources(monkeypatch):
+    """--save's tests of other rules, whatever the state of this checkout's build."""
+    monkeypatch.setattr(stamp, "build_matches_sources", lambda: True)
+
+
+def test_save_writes_the_committed_results_and_only_then(built_from_sources):
     assert _out("--save") == stamp.RESULTS_DIR
     assert _out("--out", "/tmp/x") == Path("/tmp/x")
     with pytest.raises(SystemExit):
@@ -188,7 +195,7 @@ def test_save_writes_the_committed_results_and_only_then():
 
 @pytest.mark.parametrize("subset", [["--passes", "fwd"], ["--dtypes", "bf16"],
                                     ["--shapes", "64x32"], ["--providers", "fusednorm,torch"]])
-def test_save_refuses_a_subset_of_the_run(subset):
+def test_save_refuses_a_subset_of_the_run(subset, built_from_sources):
     """Published files hold the default run's cases: --save refuses the options that leave
     some out (and python -m benchmarks --passes too)."""
     assert _out(*subset) == stamp.LOCAL_DIR  # without --save: fine
@@ -199,7 +206,7 @@ def test_save_refuses_a_subset_of_the_run(subset):
         cli.out_root(run_all.parser().parse_args(["--save", "--passes", "bwd"]))
 
 
-def test_save_refuses_when_fusednorm_cannot_run(tmp_path, monkeypatch):
+def test_save_refuses_when_fusednorm_cannot_run(tmp_path, monkeypatch, built_from_sources):
     """--save without fusednorm's kernels for the device would publish files without its
     rows: refused before anything is timed, and nothing is written."""
     from benchmarks import availability
@@ -218,6 +225,28 @@ def test_save_refuses_when_fusednorm_cannot_run(tmp_path, monkeypatch):
     cli.refuse_save_without_fusednorm(argparse.Namespace(save=False), ["fusednorm", "torch"],
                                       names, notes)
     assert names == ["torch"] and notes[0].startswith("fusednorm not benchmarked")
+
+
+def test_results_record_whether_the_build_matches_the_sources(monkeypatch):
+    """A stale build (compiled from other sources than the checkout's) would publish old
+    timings under the new commit: the stamp records it, --save refuses it."""
+    from fusednorm import _build_config, _build_stamp
+
+    current = _build_stamp.source_hash(stamp.REPO_ROOT)
+    monkeypatch.setattr(_build_config, "SOURCE_HASH", current, raising=False)
+    assert stamp.build_matches_sources() is True
+    assert stamp.header("layer_norm", torch.device("cpu"))["build_matches_sources"] is True
+    assert _out("--save") == stamp.RESULTS_DIR
+    monkeypatch.setattr(_build_config, "SOURCE_HASH", "0" * 64)
+    assert stamp.build_matches_sources() is False
+    assert stamp.header("layer_norm", torch.device("cpu"))["build_matches_sources"] is False
+    assert _out() == stamp.LOCAL_DIR  # a default run just records it
+    with pytest.raises(SystemExit, match="stale build"):
+        _out("--save")
+    monkeypatch.delattr(_build_config, "SOURCE_HASH")  # no build record
+    assert stamp.build_matches_sources() is None
+    with pytest.raises(SystemExit, match="no build record"):
+        _out("--save")
 
 
 def test_stop_after_writes_the_cases_timed_and_says_how_many_were_not(tmp_path):
