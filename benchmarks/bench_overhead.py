@@ -243,6 +243,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     torch.set_num_threads(1)
     try:
         result = stamp.header(SUITE, device)
+        if device.type == "cpu":  # as the other suites: --cpu-memory fresh keeps its own folder
+            result["cpu_memory"] = harness.cpu_memory()
         cpu_start = busy.sample()
         rounds, calls = rounds_calls(device, args.quick)
         rows = []

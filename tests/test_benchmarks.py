@@ -138,7 +138,9 @@ def test_overhead_results_format(tmp_path):
     args = bench_overhead.parser().parse_args(["--device", "cpu", "--out", str(tmp_path), "--quick",
                                                "--cpu-memory", "fresh"])
     result, md, folder = bench_overhead.run(args)
-    assert list(result) == [k for k in TOP_KEYS if k not in ("copy_gbps", "cpu_memory")]
+    assert list(result) == [k for k in TOP_KEYS if k != "copy_gbps"]
+    # --cpu-memory fresh: recorded, and written beside the default run's folder.
+    assert result["cpu_memory"] == "fresh" and folder.name.endswith("-fresh-memory")
     apis = {"layer_norm", "layer_norm bfloat16", "FusedLayerNorm", "rms_norm", "add_layer_norm",
             "add_rms_norm", "FusedAddLayerNorm", "FusedAddRMSNorm", "gelu_ffn", "FusedGeluFFN",
             "FusedLayerNormGeluFFN"}
