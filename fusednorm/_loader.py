@@ -7,8 +7,10 @@ back to its plain-PyTorch reference with a warning.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -27,12 +29,34 @@ def _cpu_supports(built: str) -> bool:
     return _CAPABILITY_ORDER.index(have) >= _CAPABILITY_ORDER.index(built)
 
 
+# How to build (or rebuild) the library: docs/install.md, README.
+REBUILD = ("rebuild it: `bash scripts/install.sh` in a checkout, or "
+           "`pip install --no-build-isolation .` (docs/install.md)")
+
+
+def _library_present() -> bool:
+    """Whether the compiled library's file (fusednorm/_C.*) is there."""
+    return any(Path(__file__).resolve().parent.glob("_C.*"))
+
+
 def _load() -> bool:
+    """Loads _C when the build record allows it; else sets LOAD_ERROR (what is wrong, ending
+    with how to rebuild) and returns False. Checked before the import: a library built
+    against another torch may fail to load with an undefined symbol, or load and crash."""
     global LOAD_ERROR
     try:
-        from . import _build_config
+        _build_config = importlib.import_module(f"{__package__}._build_config")
     except ImportError:
-        LOAD_ERROR = "fusednorm was not compiled (no fusednorm/_build_config.py)"
+        LOAD_ERROR = f"fusednorm was not compiled (no fusednorm/_build_config.py); {REBUILD}"
+        return False
+    if not _library_present():
+        LOAD_ERROR = ("fusednorm's compiled library fusednorm/_C.* is missing (the build "
+                      f"failed, or its file was removed); {REBUILD}")
+        return False
+    built_with = getattr(_build_config, "BUILT_WITH_TORCH", None)
+    if built_with is not None and built_with != str(torch.__version__):
+        LOAD_ERROR = (f"fusednorm._C was built against torch {built_with}, but torch "
+                      f"{torch.__version__} is installed; {REBUILD}")
         return False
     if not _cpu_supports(_build_config.CPU_CAPABILITY):
         LOAD_ERROR = (
@@ -44,7 +68,7 @@ def _load() -> bool:
     try:
         from . import _C  # noqa: F401  (registers the ops)
     except ImportError as error:
-        LOAD_ERROR = f"fusednorm._C failed to import: {error}"
+        LOAD_ERROR = f"fusednorm._C failed to import ({error}); {REBUILD}"
         return False
     return True
 
@@ -52,7 +76,7 @@ def _load() -> bool:
 AVAILABLE = _load()
 if not AVAILABLE:
     warnings.warn(
-        f"{LOAD_ERROR}. fusednorm runs its plain-PyTorch reference instead (slow).",
+        f"fusednorm runs its plain-PyTorch reference instead of its kernels (slow): {LOAD_ERROR}",
         RuntimeWarning,
         stacklevel=2,
     )

@@ -200,3 +200,47 @@ def test_torchvision_unreachable_index_says_why():
     assert arguments == []
     assert "'cpu' build" in why and "https://download.pytorch.org/whl/cpu" in why
     assert "Name or service not known" in why and "PyPI's torchvision" in why
+
+
+@pytest.fixture
+def loader(monkeypatch):
+    """fusednorm._loader, whose _load() the test calls again; LOAD_ERROR restored after."""
+    from fusednorm import _loader
+
+    monkeypatch.setattr(_loader, "LOAD_ERROR", _loader.LOAD_ERROR)
+    return _loader
+
+
+def _ends_with_rebuild(message: str) -> bool:
+    return message.endswith("`pip install --no-build-isolation .` (docs/install.md)") and \
+        "bash scripts/install.sh" in message
+
+
+def test_loader_refuses_a_library_built_against_another_torch(loader, monkeypatch):
+    """A library built against another torch is not imported (an undefined symbol at best);
+    the message names both versions and how to rebuild."""
+    import torch
+
+    from fusednorm import _build_config
+
+    monkeypatch.setattr(_build_config, "BUILT_WITH_TORCH", str(torch.__version__), raising=False)
+    assert loader._load() is loader.AVAILABLE  # the same torch: as at the import
+    monkeypatch.setattr(_build_config, "BUILT_WITH_TORCH", "2.11.0+cu130")
+    monkeypatch.setattr(torch, "__version__", "2.14.1+cpu")
+    assert loader._load() is False
+    assert "built against torch 2.11.0+cu130, but torch 2.14.1+cpu is installed" in loader.LOAD_ERROR
+    assert _ends_with_rebuild(loader.LOAD_ERROR)
+
+
+def test_loader_says_how_to_build_when_the_library_is_missing(loader, monkeypatch):
+    import fusednorm
+
+    monkeypatch.setattr(loader, "_library_present", lambda: False)
+    assert loader._load() is False
+    assert "fusednorm/_C.* is missing" in loader.LOAD_ERROR and _ends_with_rebuild(loader.LOAD_ERROR)
+    # Never built: no build record at all.
+    monkeypatch.delattr(fusednorm, "_build_config", raising=False)
+    monkeypatch.setitem(sys.modules, "fusednorm._build_config", None)
+    assert loader._load() is False
+    assert loader.LOAD_ERROR.startswith("fusednorm was not compiled")
+    assert _ends_with_rebuild(loader.LOAD_ERROR)
