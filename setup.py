@@ -62,7 +62,14 @@ _toolkit = _nvcc_toolkit_root()
 if _toolkit and not os.environ.get("CUDA_HOME"):
     os.environ["CUDA_HOME"] = _toolkit
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ModuleNotFoundError as _error:
+    if _error.name != "torch":
+        raise
+    # pip's build isolation (a fresh environment without torch), or no torch at all.
+    raise SystemExit("fusednorm's build needs torch installed first; pip install torch, then "
+                     "pip install --no-build-isolation .") from None
 from torch.utils.cpp_extension import (  # noqa: E402
     CUDA_HOME,
     BuildExtension,

@@ -48,8 +48,9 @@ def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str
     hint = ""
     if info.get("load_error") and "not compiled" in info["load_error"]:
         hint = (" (the source tree shadows the installed package when run from the repository"
-                " root: build in place with `python setup.py build_ext --inplace`"
-                " or install with `pip install -e .`)")
+                " root: build it in place with `bash scripts/install.sh`, or"
+                " `python setup.py build_ext --inplace` then"
+                " `FUSEDNORM_SKIP_BUILD_EXT=1 pip install --no-build-isolation -e .`)")
     return f"fusednorm imported from {where} cannot run on {device.type}: {why}{hint}"
 
 

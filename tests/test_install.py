@@ -244,3 +244,42 @@ def test_loader_says_how_to_build_when_the_library_is_missing(loader, monkeypatc
     assert loader._load() is False
     assert loader.LOAD_ERROR.startswith("fusednorm was not compiled")
     assert _ends_with_rebuild(loader.LOAD_ERROR)
+
+
+def test_setup_without_torch_says_to_install_it_first():
+    """pip's build isolation (or no torch at all): a clear message, not a traceback."""
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['setup.py', '--version']; "
+            "runpy.run_path('setup.py', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == ("fusednorm's build needs torch installed first; pip install "
+                                   "torch, then pip install --no-build-isolation .")
+
+
+def test_an_sdist_leaves_out_the_packagers_build_record(clean_copy, tmp_path):
+    """fusednorm/_build_config.py (gitignored) describes the build of whoever packs the sdist:
+    it must not ship in it (a wheel, built where the library is, carries it)."""
+    (clean_copy / "fusednorm" / "_build_config.py").write_text("SOURCE_HASH = 'packager'\n")
+    with tarfile.open(_package("sdist", clean_copy, tmp_path / "dist")) as archive:
+        in_sdist = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+    assert "fusednorm/__init__.py" in in_sdist
+    assert "fusednorm/_build_config.py" not in in_sdist
+    with zipfile.ZipFile(_package("wheel", clean_copy, tmp_path / "wheel")) as archive:
+        assert "fusednorm/_build_config.py" in archive.namelist()
+
+
+def test_availability_hint_builds_without_build_isolation(monkeypatch):
+    """The benchmarks' hint for a source tree without its library names a command that
+    works: pip install needs --no-build-isolation (the build compiles against the installed
+    torch), as README's scripts/install.sh does."""
+    import fusednorm
+    import torch
+
+    from benchmarks import availability
+
+    monkeypatch.setattr(availability, "_registered_ops", lambda device: [])
+    monkeypatch.setattr(fusednorm, "build_info",
+                        lambda: {"load_error": "fusednorm was not compiled (no build record)"})
+    reason = availability.fusednorm_skip_reason(torch.device("cpu"), "norm_fwd", "layer_norm")
+    assert "bash scripts/install.sh" in reason
+    assert all("--no-build-isolation" in part for part in reason.split("pip install")[1:])
