@@ -6,7 +6,8 @@
 #      the CPU-only wheel when this Linux machine has no NVIDIA driver or
 #      FUSEDNORM_CPU_ONLY=1 (the CUDA wheels weigh gigabytes).
 #   2. compile: the build tools and numpy first (torch warns "Failed to initialize NumPy"
-#      at import without it), then `setup.py build_ext --inplace` when fusednorm/_build_stamp.py finds the
+#      at import without it; their folder, and $PYTHON's, put first on PATH, where torch
+#      looks for the ninja program), then `setup.py build_ext --inplace` when fusednorm/_build_stamp.py finds the
 #      library missing or stale (sources, torch or build knobs changed), with the compiler's
 #      progress shown; ninja keeps its objects in build/, so a rebuild compiles only the
 #      files that changed. The CUDA kernels are built when torch is a CUDA build and nvcc
@@ -52,6 +53,12 @@ if ! "$PYTHON" -c 'import ninja, numpy, setuptools, wheel, sys
 sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
   pip_install ninja numpy "setuptools>=77" wheel
 fi
+# torch's build runs the `ninja` program found on PATH: with PYTHON=/some/venv/bin/python and
+# that environment not activated, its bin folder (where pip put ninja) is not on PATH. Put
+# the ninja package's program folder and $PYTHON's own folder first.
+python_bin=$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))')
+ninja_bin=$("$PYTHON" -c 'import ninja; print(getattr(ninja, "BIN_DIR", ""))' 2>/dev/null || true)
+export PATH="${ninja_bin:+$ninja_bin:}$python_bin:$PATH"
 if stale=$("$PYTHON" fusednorm/_build_stamp.py build); then
   say "compiled library up to date (sources, torch and build knobs unchanged): not rebuilding"
 else

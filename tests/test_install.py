@@ -283,3 +283,36 @@ def test_availability_hint_builds_without_build_isolation(monkeypatch):
     reason = availability.fusednorm_skip_reason(torch.device("cpu"), "norm_fwd", "layer_norm")
     assert "bash scripts/install.sh" in reason
     assert all("--no-build-isolation" in part for part in reason.split("pip install")[1:])
+
+
+def test_install_script_finds_ninja_of_an_unactivated_environment(tmp_path):
+    """PYTHON=/venv/bin/python without activating the venv: torch's build looks for the
+    `ninja` program on PATH, which then lacks the venv's bin folder. install.sh puts it
+    (and the ninja package's) first. A stand-in python records what setup.py would see."""
+    import shutil
+
+    tools = tmp_path / "tools"  # PATH without any ninja: the few programs install.sh runs
+    tools.mkdir()
+    for name in ("bash", "env", "dirname", "uname", "date", "nproc", "tr", "sed", "cat", "grep"):
+        found = shutil.which(name)
+        if found is None:
+            pytest.skip(f"needs {name}")
+        (tools / name).symlink_to(found)
+    seen = tmp_path / "ninja_seen"
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"""#!{shutil.which('bash')}
+case "$1" in
+  fusednorm/_build_stamp.py) [[ $2 == build ]] && {{ echo "stale (test)"; exit 1; }}; exit 0;;
+  setup.py) command -v ninja > {seen} || echo none > {seen}; exit 0;;
+  scripts/check_error_path.py) exit 0;;
+esac
+exec {sys.executable} "$@"
+""")
+    python.chmod(0o755)
+    done = subprocess.run([str(tools / "bash"), str(REPO / "scripts" / "install.sh")],
+                          env={"PATH": str(tools), "PYTHON": str(python), "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = Path(seen.read_text().strip())
+    assert found.name == "ninja" and found.is_file(), (found, done.stderr)
