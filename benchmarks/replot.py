@@ -12,17 +12,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family
+from benchmarks import bench_gelu_ffn, bench_layer_norm, bench_norm_family, bench_overhead
 
 DRAW = {bench_layer_norm.SUITE: bench_layer_norm.draw, bench_gelu_ffn.SUITE: bench_gelu_ffn.draw,
-        **{suite: bench_norm_family.draw for suite in bench_norm_family.SUITES}}
+        **{suite: bench_norm_family.draw for suite in bench_norm_family.SUITES},
+        bench_overhead.SUITE: bench_overhead.plot}
 
 
 def notes_of(markdown: str) -> list[str]:
-    """The bullet lines under 'Notes:' of a results Markdown file."""
+    """The bullet lines under 'Notes:' of a results Markdown file (overhead.md, whose notes
+    follow its table without that heading: its bullet lines)."""
     _, found, tail = markdown.partition("\nNotes:\n")
     if not found:
-        return []
+        tail = markdown
     return [line[2:] for line in tail.splitlines() if line.startswith("- ")]
 
 

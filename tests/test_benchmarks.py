@@ -342,6 +342,28 @@ def test_replot_redraws_from_the_results_files(tmp_path):
     assert replot.notes_of("# x\n\nno notes\n") == []
 
 
+def test_replot_redraws_the_overhead_plot(tmp_path, monkeypatch):
+    """The overhead suite's PNG is redrawn too, with its notes (which follow its table
+    without a 'Notes:' heading)."""
+    from benchmarks import bench_overhead, replot
+
+    result = {"suite": "overhead", "device": "Some CPU", "device_kind": "cpu", "torch": "t",
+              "commit": "c", "date": "d", "cpu_memory": "reuse", "rows": [
+                  {"api": "layer_norm", "pass": "fwd (no grad)", "provider": "fusednorm",
+                   "us": 9.0, "us_p20": 8.0, "us_p80": 10.0, "x_torch": 0.9},
+                  {"api": "layer_norm", "pass": "fwd (no grad)", "provider": "torch",
+                   "us": 10.0, "us_p20": 9.0, "us_p80": 11.0}]}
+    notes = ["other work kept the CPUs busy", "Host µs per call on 4x64 inputs"]
+    (tmp_path / "overhead.json").write_text(json.dumps(result))
+    (tmp_path / "overhead.md").write_text(bench_overhead.markdown(result, notes))
+    drawn = []
+    plot = replot.DRAW[bench_overhead.SUITE]
+    monkeypatch.setitem(replot.DRAW, bench_overhead.SUITE,
+                        lambda r, path, n: (drawn.append(n), plot(r, path, n)))
+    assert replot.replot(tmp_path) == [tmp_path / "overhead.png"]
+    assert drawn == [notes] and (tmp_path / "overhead.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("suite", ["rms_norm", "add_layer_norm", "add_rms_norm"])
 def test_norm_family_results_format(tmp_path, suite):
     from benchmarks import bench_norm_family
