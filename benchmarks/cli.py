@@ -51,6 +51,17 @@ def parse_passes(text: str) -> list[str]:
     return [p for p in runner.PASSES if p in passes]
 
 
+def parse_seconds(text: str) -> float:
+    """A positive number of seconds (--time-per-measurement)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not seconds > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds; got {text!r}")
+    return seconds
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: cuda when a GPU is visible, else cpu")
@@ -69,7 +80,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--save", action="store_true",
                        help=f"write into the committed {stamp.RESULTS_DIR}/<device>/ (the "
                             "published results: run on a quiet machine)")
-    parser.add_argument("--time-per-measurement", type=float, default=None, metavar="S",
+    parser.add_argument("--time-per-measurement", type=parse_seconds, default=None, metavar="S",
                         help="seconds per timed measurement (default 0.35 CPU, 0.1 GPU; quick: 0.1 CPU, "
                              "0.05 GPU)")
     parser.add_argument("--stop-after", type=float, default=None, metavar="S",

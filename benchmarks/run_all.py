@@ -18,14 +18,23 @@ SUITES = {suite.SUITE: suite for suite in (bench_layer_norm, *bench_norm_family.
                                          bench_gelu_ffn, bench_overhead)}
 
 
+def parse_suites(text: str) -> list[str]:
+    """--suites: a comma list of at least one suite (',' alone would run nothing)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"name at least one suite among {', '.join(SUITES)}; "
+                                         f"got {text!r}")
+    return names
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Run fusednorm's benchmark suites with their default shapes and dtypes "
                     "for the device; each suite's own script takes finer options.")
     cli.add_common_arguments(p)
-    p.add_argument("--suites", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                   default=list(SUITES), help=f"comma list among {', '.join(SUITES)}")
+    p.add_argument("--suites", type=parse_suites, default=list(SUITES),
+                   help=f"comma list among {', '.join(SUITES)}")
     p.add_argument("--plan", action="store_true",
                    help="print what the run would time (per suite: cases, timings, "
                         "torch.compile compilations) and its estimated GPU time, and run "

@@ -265,6 +265,23 @@ def test_stop_after_writes_the_cases_timed_and_says_how_many_were_not(tmp_path):
         _out("--save", "--stop-after", "60")  # published results are complete
 
 
+@pytest.mark.parametrize("argv", [["--suites", ","], ["--suites", ""],
+                                  ["--time-per-measurement", "0"],
+                                  ["--time-per-measurement", "-0.1"],
+                                  ["--time-per-measurement", "nan"]])
+def test_run_all_refuses_an_empty_run_and_no_time(argv, capsys):
+    """--suites naming none would run nothing and say nothing failed; a measurement of 0 s
+    or less times nothing."""
+    with pytest.raises(SystemExit) as error:
+        run_all.parser().parse_args(argv)
+    assert error.value.code == 2 and argv[0] in capsys.readouterr().err
+    if argv[0] == "--time-per-measurement":  # every suite's own command line too
+        with pytest.raises(SystemExit):
+            bench_layer_norm.parser().parse_args(argv)
+    assert run_all.parser().parse_args(["--suites", "overhead,", "--time-per-measurement",
+                                        "0.01"]).suites == ["overhead"]
+
+
 def test_run_all_says_where_the_files_are():
     local = run_all.where_note(stamp.LOCAL_DIR / "cpu-x", stamp.LOCAL_DIR)
     assert str(stamp.LOCAL_DIR / "cpu-x") in local and "untracked" in local and "--save" in local
