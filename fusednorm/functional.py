@@ -273,7 +273,13 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
     the library did not load."""
     fast = ops.FAST
     if fast is not None and not _dynamo_compiling():
-        out = getattr(fast, name)(*args)
+        try:
+            out = getattr(fast, name)(*args)
+        except (TypeError, ValueError) as error:
+            # Under a TorchDispatchMode the op's check error comes back through Python, as a
+            # plain TypeError / ValueError: the error that names the argument, as without it.
+            _explain(error, args[0], backend_op, check, *args)
+            raise as_argument_error(error) from None
         if out is not NotImplemented:
             return out
     if _jagged.is_nested(args[0]):
@@ -697,9 +703,8 @@ def _per_sample_add_layer_norm(input, residual, normalized_shape, weight, bias, 
 
 
 def _per_sample_gelu_ffn(input, weight1, bias1, weight2, bias2, approximate="none"):
-    linear = torch.nn.functional.linear
-    hidden = torch.nn.functional.gelu(linear(input, weight1, bias1), approximate=approximate)
-    return linear(hidden, weight2, bias2)
+    # the eager reference is F.linear -> F.gelu -> F.linear, which ExpandedWeight covers
+    return reference.gelu_ffn(input, weight1, bias1, weight2, bias2, approximate, upcast=False)
 
 
 def _per_sample_layer_norm_gelu_ffn(input, ln_weight, ln_bias, eps, weight1, bias1, weight2,

@@ -83,3 +83,68 @@ def test_add_ops_keep_only_the_sum_of_their_inputs(name, dropout_p):
     # The create_graph backward (from the sum as saved) still gives exact second derivatives.
     (gx, gr) = torch.autograd.grad((out * out).sum(), (x, r), create_graph=True)
     assert gx.requires_grad and gr.requires_grad
+
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_add_ops_with_only_the_sum_used(name, dropout_p, create_graph):
+    """Where only the sum reaches the loss, as eager's `s = x + r; norm(s)` whose norm node
+    never runs: input and residual get the sum's gradient (times the dropout and rowscale),
+    weight and bias none (an optimizer with weight decay must skip them), and the sum may be
+    changed in place after the op."""
+    x = random_input((5, 6), torch.float32, "cpu").requires_grad_()
+    r = random_input((5, 6), torch.float32, "cpu", seed=1).requires_grad_()
+    w = (torch.randn(6) + 1).requires_grad_()
+    b = torch.randn(6, requires_grad=True)
+    rowscale = torch.rand(5) + 0.5
+    kwargs = {"dropout_p": dropout_p, "rowscale": rowscale} if dropout_p else {}
+    args = (w, b) if name == "add_layer_norm" else (w,)
+    out, s = getattr(fusednorm, name)(x, r, (6,), *args, **kwargs)
+    ds = random_input((5, 6), torch.float32, "cpu", seed=2)
+    # The full backward with a zero gradient for out: the sum's part alone.
+    expected = torch.autograd.grad((out, s), (x, r), (torch.zeros_like(out), 2 * ds),
+                                   retain_graph=True)
+    s.mul_(2)  # not needed by the sum's own gradient
+    grads = torch.autograd.grad(s, (x, r, *args), ds, allow_unused=True,
+                                create_graph=create_graph)
+    torch.testing.assert_close(grads[0], expected[0])
+    torch.testing.assert_close(grads[1], expected[1])
+    if dropout_p:
+        assert (grads[0] == 0).any() and (grads[0] != 2 * ds).any()  # mask and rowscale in
+    assert all(g is None for g in grads[2:])
+    with pytest.raises(RuntimeError, match="not have been used in the graph"):
+        _, s = getattr(fusednorm, name)(x, r, (6,), *args)
+        torch.autograd.grad(s.sum(), w)
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_ops_sum_needs_no_grad_through_the_parameters(name):
+    """With only the parameters requiring grad, the sum does not require grad (it does not
+    depend on them), as `x + r` would not; the output does, with exact gradients."""
+    x = random_input((5, 6), torch.float32, "cpu")
+    r = random_input((5, 6), torch.float32, "cpu", seed=1)
+    w = (torch.randn(6) + 1).requires_grad_()
+    out, s = getattr(fusednorm, name)(x, r, (6,), w)
+    assert out.requires_grad and not s.requires_grad
+    dy = random_input((5, 6), torch.float32, "cpu", seed=2)
+    (gw,) = torch.autograd.grad(out, w, dy)
+    w_ref = w.detach().requires_grad_()
+    norm = (torch.nn.functional.layer_norm if name == "add_layer_norm"
+            else torch.nn.functional.rms_norm)
+    (gw_ref,) = torch.autograd.grad(norm(x + r, (6,), w_ref), w_ref, dy)
+    torch.testing.assert_close(gw, gw_ref)
+
+
+@pytest.mark.skipif(not hasattr(torch.autograd.graph, "node_creation_hook"),
+                    reason="torch.autograd.graph.node_creation_hook is new in PyTorch 2.14")
+@pytest.mark.parametrize("name", list(_norm_calls()))
+def test_node_creation_hooks_see_every_op(name):
+    """torch.autograd.graph.node_creation_hook sees each op's node, as it sees PyTorch's."""
+    x = random_input((3, 6), torch.float32, "cpu").requires_grad_()
+    seen = []
+    with torch.autograd.graph.node_creation_hook(lambda node: seen.append(node)):
+        y = _norm_calls()[name](x)
+    assert y.grad_fn in seen
+    assert sum(1 for n in seen if n.name().startswith("fusednorm")) == 1

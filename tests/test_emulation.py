@@ -427,6 +427,18 @@ def test_emulated_forward_rows_whose_statistics_overflow(harness, t, p):
     check_ok_with_cluster_launches(harness, huge_cases(t, p))
 
 
+@pytest.mark.parametrize("t, p", [("f32", "f32"), ("bf16", "f32"), ("f64", "f64")])
+@pytest.mark.parametrize("eps", ["inf", "1e39"])
+def test_emulated_forward_with_an_eps_past_the_accumulator(harness, t, p, eps):
+    """An eps that overflows the accumulator (inf; 1e39 in float32): rstd = 1 / sqrt(inf) = 0
+    and y the bias, as PyTorch's, not the NaN of a row whose own statistics overflow."""
+    if t == "f64" and eps == "1e39":
+        pytest.skip("1e39 is in float64's range")
+    cases = [(line.replace(" huge", f" eps={eps}"), clustered)
+             for line, clustered in huge_cases(t, p)]
+    check_ok_with_cluster_launches(harness, cases)
+
+
 @pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
 def test_emulated_forward_one_block_per_multiprocessor(harness, t, p):
     """The forward's launch where a multiprocessor holds one of its blocks (the buckets of

@@ -157,6 +157,19 @@ def test_errors_are_caught_by_except_runtime_error():
             raise AssertionError("no error")
 
 
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_errors_keep_their_kind_under_a_dispatch_mode(case):
+    """Under a TorchDispatchMode (FlopCounterMode, DebugMode, selective checkpointing) the
+    op's check error comes back through Python: still fusednorm's, a RuntimeError too."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    call, _, error, pattern = CASES[case]
+    with FlopCounterMode(display=False):
+        with pytest.raises(error, match=pattern) as raised:
+            call()
+    assert isinstance(raised.value, RuntimeError), type(raised.value).__mro__
+
+
 @pytest.mark.parametrize(
     "call, pattern",
     [

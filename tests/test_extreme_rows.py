@@ -85,3 +85,38 @@ def test_a_row_whose_statistics_overflow_is_nan(device, dtype, huge, kind, n):
     y_alone = call(alone)
     y_alone.backward(dy[[0, 2]])
     assert torch.equal(y[[0, 2]], y_alone) and torch.equal(xs.grad[[0, 2]], alone.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [float("inf"), 1e39])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_an_eps_that_overflows_is_not_an_overflowing_row(device, dtype, eps, kind):
+    """An eps past float32's range (inf, or 1e39 once in float32): rstd = 1 / sqrt(inf) = 0,
+    so y is the bias (0 without one) and dx and dweight are 0, as PyTorch gives them, not the
+    NaN of a row whose own statistics overflow."""
+    n = 37
+    x = random_input((4, n), dtype, device).requires_grad_()
+    w = random_input((n,), dtype, device, scale=0.5, shift=1.0, seed=1).requires_grad_()
+    b = random_input((n,), dtype, device, scale=0.5, seed=2).requires_grad_()
+    zero = torch.zeros_like(x)
+    calls = {
+        "layer_norm": lambda: fusednorm.layer_norm(x, (n,), w, b, eps),
+        "rms_norm": lambda: fusednorm.rms_norm(x, (n,), w, eps),
+        "add_layer_norm": lambda: fusednorm.add_layer_norm(x, zero, (n,), w, b, eps)[0],
+        "add_rms_norm": lambda: fusednorm.add_rms_norm(x, zero, (n,), w, eps)[0],
+    }
+    y = calls[kind]()
+    dy = random_input(y.shape, dtype, device, seed=4)
+    params = (x, w, b) if "layer" in kind else (x, w)
+    grads = torch.autograd.grad(y, params, dy)
+    expected = b.detach().expand_as(y) if "layer" in kind else torch.zeros_like(y)
+    assert torch.equal(y, expected)
+    assert torch.equal(grads[0], torch.zeros_like(x)) and torch.equal(grads[1], torch.zeros_like(w))
+    if "layer" in kind:
+        torch.testing.assert_close(grads[2], dy.float().sum(0).to(dtype))
+    # PyTorch's own, where its kernels take this eps (CPU float32)
+    if device == "cpu" and dtype == torch.float32:
+        ref = (F.layer_norm(x, (n,), w, b, eps) if "layer" in kind
+               else F.rms_norm(x, (n,), w, eps))
+        assert torch.equal(y, ref)

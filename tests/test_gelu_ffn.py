@@ -196,6 +196,51 @@ def test_gelu_and_its_derivative_over_a_wide_range(device, dtype, approximate):
     assert y[0].isnan().all() and dx[0].isnan().all() and not y[1].isnan().any()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("bias", [True, False])
+def test_ffn_with_frozen_parameters(device, dtype, approximate, bias):
+    """Parameters that do not require grad (fine-tuning around a frozen FFN): the input's
+    gradient alone, three-way against eager and float64; the parameters get none."""
+    batch, d, hidden = (3, 50), 24, 97
+    fused, eager = _ffn_module_pair(d, hidden, bias, approximate, dtype, device)
+    fused.requires_grad_(False)
+    eager.requires_grad_(False)
+    x = random_input((*batch, d), dtype, device).requires_grad_()
+    dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
+    y = fused(x)
+    (dx,) = _grads(y, [x], dy)
+    (dx_eager,) = _grads(eager(x), [x], dy)
+    x64, *p64 = _float64_leaves([x, *_params(fused)])
+    y64 = reference.gelu_ffn(x64, *(p64 if bias else [p64[0], None, p64[1], None]),
+                             approximate)
+    (dx64,) = _grads(y64, [x64], dy.double())
+    _check_all([dx], [dx_eager], [dx64], dtype, ["dx"])
+    assert all(p.grad is None for p in fused.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+def test_gelu_and_its_derivative_far_out(device, dtype, approximate):
+    """Far out in the tails (up to the dtype's largest value), gelu is x or 0 and gelu' is
+    1 or 0, as torch's GELU gives them (NaN where torch's tanh form meets inf * 0): no floor
+    of the exponential scaled back up by x."""
+    big = torch.finfo(dtype).max
+    values = [v for v in (1e6, 1e13, 1e37, big) if v <= big] + [3.0e4]
+    x = torch.tensor(values + [-v for v in values], dtype=dtype, device=device)
+    x = x.unsqueeze(1).requires_grad_()
+    one = torch.ones(1, 1, device=device, dtype=dtype)
+    y = fusednorm.gelu_ffn(x, one, None, one, None, approximate)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    x_eager = x.detach().requires_grad_()
+    y_eager = nn.functional.gelu(x_eager, approximate=approximate)
+    (dx_eager,) = torch.autograd.grad(y_eager, x_eager, torch.ones_like(y_eager))
+    torch.testing.assert_close(y, y_eager, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(dx, dx_eager, atol=0, rtol=0, equal_nan=True)
+
+
 # --- the pre-LN block ----------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/version.h>
 
 #include <initializer_list>
 #include <memory>
@@ -110,6 +111,17 @@ auto make_node() {
     T* raw = node.get();
     return std::pair<NodePtr, T*>(NodePtr(std::move(node)), raw);
   }
+}
+
+// Runs the torch.autograd.graph.node_creation_hook callbacks (PyTorch 2.14 on) for a node
+// whose outputs and saved tensors are all in place, as PyTorch's own nodes do once built.
+template <class NodePtr>
+void announce_node(const NodePtr& node) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+  torch::autograd::fire_node_creation_hooks(node);
+#else
+  (void)node;
+#endif
 }
 
 // A backward node that keeps a list of tensors (SavedVariables, so saved-tensor hooks and

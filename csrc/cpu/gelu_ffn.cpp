@@ -40,8 +40,8 @@ using at::vec::Vectorized;
 // exact to double precision):
 //  - exp_of_nonpositive(a) = 2^n * e^r, n = round(a / ln 2), |r| <= ln(2) / 2, e^r by its
 //    Taylor polynomial to degree 7 (truncation error < 1e-8 relative), 2^n built from its
-//    exponent bits; a is clamped at -87 so that 2^n stays a normal float (exp(-87) is
-//    1.6e-38, below anything the callers can resolve).
+//    exponent bits; a is clamped at -87 so that 2^n stays a normal float, and the result
+//    below that is 0: the callers multiply it by x or x^3, which would scale a floor back up.
 //  - exact GELU: Phi(x) by Abramowitz & Stegun 7.1.26 for erf(|x|/sqrt 2) (absolute error
 //    <= 1.5e-7, the approximation at::vec's float erf uses), whose exp(-x^2/2) is also the
 //    phi(x) of gelu'. Phi of a negative x is the small tail itself, not 1 - (1 - tail).
@@ -66,7 +66,7 @@ inline Vectorized<float> exp_of_nonpositive(const Vectorized<float>& a) {
   p = at::vec::fmadd(p, r, Vec(1.0f));
   p = at::vec::fmadd(p, r, Vec(1.0f));
   const IVec exponent = (at::vec::convert_to_int_of_same_size(n) + IVec(127)) << IVec(23);
-  return p * at::vec::cast<float>(exponent);
+  return Vec::blendv(p * at::vec::cast<float>(exponent), Vec(0.0f), a < Vec(-87.0f));
 }
 
 // Phi(-|x|) = 0.5 * erfc(|x| / sqrt 2), given e = exp(-x^2 / 2).

@@ -443,11 +443,13 @@ struct RowMoments {
   acc_t shift = 0, mean = 0, rstd = 0;
 };
 
-// rstd = 1 / sqrt(v), v a row's mean square plus eps; NaN where v overflowed to infinity
-// (docs/DESIGN.md, Numerics: a row whose statistics overflow).
+// rstd = 1 / sqrt(stat + eps), stat a row's variance or mean square; NaN where stat
+// overflowed to infinity (docs/DESIGN.md, Numerics: a row whose statistics overflow). An
+// eps that overflows the sum gives 0, as PyTorch's.
 template <typename acc_t>
-inline acc_t row_rstd(acc_t v) {
-  return std::isinf(v) ? std::numeric_limits<acc_t>::quiet_NaN() : acc_t(1) / std::sqrt(v);
+inline acc_t row_rstd(acc_t stat, acc_t eps) {
+  return std::isinf(stat) ? std::numeric_limits<acc_t>::quiet_NaN()
+                          : acc_t(1) / std::sqrt(stat + eps);
 }
 
 // The statistics sweep of one row and its rstd; prefetch_row (LayerNorm only; may be null):
@@ -464,9 +466,9 @@ RowMoments<acc_t> row_moments(const T* x, int64_t N, acc_t eps, const T* prefetc
         prefetch_row != nullptr ? row_statistics<T, acc_t, true>(x, N, m.shift, prefetch_row)
                                 : row_statistics<T, acc_t, false>(x, N, m.shift);
     m.mean = stats.mean;
-    m.rstd = row_rstd(stats.variance() + eps);
+    m.rstd = row_rstd(stats.variance(), eps);
   } else {
-    m.rstd = row_rstd(row_mean_square<T, acc_t>(x, N) + eps);
+    m.rstd = row_rstd(row_mean_square<T, acc_t>(x, N), eps);
   }
   return m;
 }

@@ -116,13 +116,14 @@ void visit_bucket(int index, Fn&& fn) {
 // Device helpers
 
 // Correctly rounded 1/sqrt(v) (no division: its slow-path call made the large buckets spill).
-// rstd = 1 / sqrt(v), v a row's mean square plus eps; NaN where v overflowed to infinity
-// (docs/DESIGN.md, Numerics: a row whose statistics overflow).
-__device__ __forceinline__ float inverse_sqrt(float v) {
-  return isinf(v) ? std::numeric_limits<float>::quiet_NaN() : __frsqrt_rn(v);
+// rstd = 1 / sqrt(v), v = sum / N + eps with sum the row's sum of squares (or of squared
+// deviations); NaN where sum overflowed to infinity (docs/DESIGN.md, Numerics: a row whose
+// statistics overflow). An eps that overflows v gives 0, as PyTorch's.
+__device__ __forceinline__ float inverse_sqrt(float sum, float v) {
+  return isinf(sum) ? std::numeric_limits<float>::quiet_NaN() : __frsqrt_rn(v);
 }
-__device__ __forceinline__ double inverse_sqrt(double v) {
-  return isinf(v) ? std::numeric_limits<double>::quiet_NaN() : 1.0 / sqrt(v);
+__device__ __forceinline__ double inverse_sqrt(double sum, double v) {
+  return isinf(sum) ? std::numeric_limits<double>::quiet_NaN() : 1.0 / sqrt(v);
 }
 
 // kLanes Welford summaries that have all seen `count` values, merged into one (Chan's
@@ -685,7 +686,7 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
           continue;
         }
         // An empty row has mean(x^2) = 0, as on the CPU (inv_n = 0, not 0 / 0).
-        rstd = inverse_sqrt(sum_sq * p.inv_n + p.eps);
+        rstd = inverse_sqrt(sum_sq, sum_sq * p.inv_n + p.eps);
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) p.rstd[row] = rstd;
       } else if (mode != kApply) {
         WelfordState<acc_t> s;
@@ -742,7 +743,7 @@ __device__ __forceinline__ void norm_fwd_rows(const FwdParams<T, P, IO>& p,
         const NearestAndRest<acc_t> split = nearest_and_rest(shift, s.mean);
         mean = split.nearest;
         mean_rest = split.rest;
-        rstd = inverse_sqrt(s.m2 * p.inv_n + p.eps);  // s.count is N here: no division per row
+        rstd = inverse_sqrt(s.m2, s.m2 * p.inv_n + p.eps);  // s.count is N here: no division per row
         if (row_ok && tid == 0 && (!CLUSTER || blockIdx.y == 0)) {
           p.mean[row] = mean;
           p.rstd[row] = rstd;
@@ -858,7 +859,7 @@ __device__ __forceinline__ void merge_stats_rows(const acc_t* partial, int64_t M
       acc_t sum_sq = 0;
       for (int64_t c = lane; c < chunks; c += kWarpSize) sum_sq += partial[(row * chunks + c) * 3];
       sum_sq = warp_sum(sum_sq);
-      if (lane == 0) rstd[row] = inverse_sqrt(sum_sq / acc_t(N) + eps);
+      if (lane == 0) rstd[row] = inverse_sqrt(sum_sq, sum_sq / acc_t(N) + eps);
     } else {
       WelfordState<acc_t> s;
       for (int64_t c = lane; c < chunks; c += kWarpSize) {
@@ -874,7 +875,7 @@ __device__ __forceinline__ void merge_stats_rows(const acc_t* partial, int64_t M
         const NearestAndRest<acc_t> split =
             nearest_and_rest(shift_of(row), s.mean);
         mean[row] = split.nearest;
-        rstd[row] = inverse_sqrt(s.variance() + eps);
+        rstd[row] = inverse_sqrt(s.m2, s.variance() + eps);
         mean_rest[row] = split.rest;
       }
     }

@@ -4,6 +4,8 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/linear.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -53,6 +55,14 @@ struct GeluFFNBackward : public SavedListNode {
 
   std::string name() const override { return "fusednorm.gelu_ffnBackward"; }
 
+  // Whether a gradient of weight1, bias1, weight2 or bias2 is asked for.
+  bool needs_parameter_gradients() const {
+    for (size_t i = 1; i < 5; ++i) {
+      if (task_should_compute_output(i)) return true;
+    }
+    return false;
+  }
+
   variable_list apply(variable_list&& grads) override {
     const variable_list s = unpack_saved();
     const at::Tensor &input = s[0], &weight1 = s[1], &bias1 = s[2], &weight2 = s[3],
@@ -65,6 +75,13 @@ struct GeluFFNBackward : public SavedListNode {
                                              approximate_, grad_out);
     }
 
+    if (!needs_parameter_gradients()) {
+      // Frozen weights and biases (fine-tuning around them): dx alone, as eager's two
+      // GEMMs and GELU backward, not the kernel that also forms dW1 and dW2.
+      const at::Tensor grad_hidden =
+          at::gelu_backward(at::mm(as_rows(grad_out, 1), weight2), hidden, approximate_);
+      return {shaped_like(at::mm(grad_hidden, weight1), input.sym_sizes()), {}, {}, {}, {}};
+    }
     // Grad mode is off: straight to the backend kernel (see NormBackward::apply).
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [grad_input, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
@@ -94,6 +111,7 @@ Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
     node->approximate_ = std::string(approximate);
     node->save({input, weight1, defined_or_empty(bias1), weight2, defined_or_empty(bias2),
                 hidden});
+    announce_node(node_ptr);
     return {out, hidden};
   }();
   if (any_tangent(input, weight1, bias1, weight2, bias2)) {

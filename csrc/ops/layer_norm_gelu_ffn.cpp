@@ -134,6 +134,7 @@ Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,
     node->approximate_ = std::string(approximate);
     node->save({input, defined_or_empty(ln_weight), defined_or_empty(ln_bias), weight1,
                 defined_or_empty(bias1), weight2, defined_or_empty(bias2), mean, rstd, hidden});
+    announce_node(node_ptr);
     return {out, mean, rstd, hidden};
   }();
   if (any_tangent(input, ln_weight, ln_bias, weight1, bias1, weight2, bias2)) {

@@ -282,14 +282,14 @@ struct NormBackward : public torch::autograd::Node {
   }
 
   variable_list apply(variable_list&& grads) override {
-    const auto self = getptr();
-    const at::Tensor normed_input = normed_input_.unpack(self), weight = weight_.unpack(),
-                     bias = bias_.unpack(), mean = mean_.unpack(), rstd = rstd_.unpack();
     const at::Tensor& grad_out = grads[0];
     const at::Tensor grad_sum = kind_.residual ? grads[1] : at::Tensor();
     const Dropout dropout{dropout_p_, dropout_active_ ? OptTensor(rowscale_.unpack()) : std::nullopt};
+    if (!grad_out.defined()) return sum_gradients(grad_sum, dropout);
+    const auto self = getptr();
+    const at::Tensor normed_input = normed_input_.unpack(self), weight = weight_.unpack(),
+                     bias = bias_.unpack(), mean = mean_.unpack(), rstd = rstd_.unpack();
     variable_list result(4);
-    if (!grad_out.defined() && !grad_sum.defined()) return result;
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
       // From the sum output as saved (its grad_fn is this node), not input + residual again.
@@ -337,6 +337,20 @@ struct NormBackward : public torch::autograd::Node {
     if (bias.defined()) result[3] = grad_bias.view_symint(bias.sym_sizes());
     return result;
   }
+
+  // Only the sum's gradient flowed (out unused, or none at all): input and residual get
+  // the sum's, weight and bias none, as under `s = x + r; norm(s)`, whose norm node never
+  // runs then. Nothing saved is unpacked, so the sum may have been changed in place since.
+  variable_list sum_gradients(const at::Tensor& grad_sum, const Dropout& dropout) const {
+    variable_list result(4);
+    if (!grad_sum.defined()) return result;
+    result[0] = dropout_active_
+                    ? (grad_sum * multipliers(grad_sum, dims_, dropout, rng_state_.unpack()))
+                          .to(input_type_)
+                    : grad_sum.to(input_type_);
+    result[1] = grad_sum.to(residual_type_);
+    return result;
+  }
 };
 
 // The autograd kernel of every norm op when a graph is recorded (autograd_call): runs the
@@ -353,14 +367,22 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
   }();
   auto& [out, sum, mean, rstd, rng_state] = outputs;
   torch::autograd::set_history(out, node_ptr);
-  if (kind.residual) torch::autograd::set_history(sum, node_ptr);
+  // The sum is differentiable where input or residual is (not through weight and bias):
+  // otherwise its gradient slot stays, with no history attached.
+  const bool sum_has_history =
+      kind.residual && (input.requires_grad() || (given(residual) && residual->requires_grad()));
+  if (sum_has_history) {
+    torch::autograd::set_history(sum, node_ptr);
+  } else if (kind.residual) {
+    node->add_input_metadata(torch::autograd::Node::undefined_input());
+  }
   node->kind_ = kind;
   node->dims_ = dims;
   node->eps_ = eps;
   node->input_type_ = input.scalar_type();
   node->residual_type_ = kind.residual ? residual->scalar_type() : input.scalar_type();
   node->sum_type_ = kind.residual ? sum.scalar_type() : input.scalar_type();
-  node->normed_input_ = kind.residual ? torch::autograd::SavedVariable(sum, /*is_output=*/true)
+  node->normed_input_ = kind.residual ? torch::autograd::SavedVariable(sum, sum_has_history)
                                       : torch::autograd::SavedVariable(input, false);
   node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
   node->bias_ = torch::autograd::SavedVariable(defined_or_empty(bias), false);
@@ -373,6 +395,7 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
     node->rowscale_ = torch::autograd::SavedVariable(defined_or_empty(dropout.rowscale), false);
     node->rng_state_ = torch::autograd::SavedVariable(rng_state, false);
   }
+  announce_node(node_ptr);
   return outputs;
 }
 

@@ -4,7 +4,8 @@
 // stdin, one per line:
 //
 //   fwd|bwd|dscale  T  P  M  N  affine  x_misalign  p_misalign  order  [sm_count]
-//            [clusters[=K]] [rms] [res | resmis] [outlier | outliers] [far] [huge] [wide] [narrow]
+//            [clusters[=K]] [rms] [res | resmis] [outlier | outliers] [far] [huge] [eps=E]
+//            [wide] [narrow]
 //            [drop=P] [rowscale] [captured] [xgrad] [lone]
 //   largest  T  P        (prints the tables' largest rows: largest_rows below)
 //
@@ -33,7 +34,8 @@
 // reference's xhat use the exact mean, against which a float32 or float64 backward without
 // it is off by thousands of the bound's units); huge (forward, T not f16, no multipliers):
 // every other row holds one value whose square overflows acc_t (1e20; float64 1e160), and
-// must give rstd and every y NaN; wide (T f16 or bf16, P f32): a float32
+// must give rstd and every y NaN; eps=E (forward): eps E instead of 1e-5 (an E past acc_t's
+// range, inf or 1e39 for float32, must give rstd 0 and y the bias, not the NaN of huge); wide (T f16 or bf16, P f32): a float32
 // residual stream, the kernels' float instantiation with T's x, y and dy (NormFwdArgs' IO):
 // the residual, the sum, the backward's x, grad_sum and dx are float32; narrow (with wide
 // and res, forward): the residual of T's 16-bit type instead (NormFwdArgs' residual_io);
@@ -97,6 +99,7 @@ struct Case {
   bool outliers = false;  // two of them, on one side: the shift far from the rest
   bool far = false;       // rows many times their scale from zero
   bool huge = false;      // forward: rows whose statistics overflow the accumulator
+  double eps = 1e-5;      // forward (eps=E): an eps past acc_t's range gives rstd 0
   bool wide = false;      // a float32 sum beside T's x, y, dy (the IO type)
   bool narrow = false;    // wide: the residual of IO's type
   double drop = 0;        // dropout_p (drop=P; with res)
@@ -245,7 +248,7 @@ std::string run_fwd(const Case& c) {
   Buffer rstd = Buffer::make(std::size_t(c.M) * sizeof(acc_t));
   NormFwdArgs<T, P, IO> a{x.as<IO>(), has_w ? w.as<P>() : nullptr, has_b ? b.as<P>() : nullptr,
                       y.as<IO>(), c.centered ? mean.as<acc_t>() : nullptr, rstd.as<acc_t>(),
-                      c.M, c.N, 1e-5, c.residual && !c.narrow ? res.as<T>() : nullptr,
+                      c.M, c.N, c.eps, c.residual && !c.narrow ? res.as<T>() : nullptr,
                       c.residual ? sum.as<T>() : nullptr, c.narrow ? res.as<IO>() : nullptr};
   // Dropout / rowscale: the multipliers' arguments, rng_state poisoned until written.
   const Key key = make_key(c);
@@ -293,6 +296,10 @@ std::string run_fwd(const Case& c) {
   }
   std::vector<double> ref_y(d.x.size()), ref_mean(std::size_t(c.M)), ref_rstd(std::size_t(c.M));
   std::vector<double> y_scale(d.x.size());
+  // eps as the kernels take it: past acc_t's range, infinite.
+  using ref_eps_t = long double;
+  const ref_eps_t eps = std::isinf(acc_t(c.eps)) ? std::numeric_limits<ref_eps_t>::infinity()
+                                                 : ref_eps_t(c.eps);
   for (int64_t r = 0; r < c.M; ++r) {
     // In long double (x87's 64-bit significand): a float64 reference of float64 kernels
     // is no more exact than they are, and the outlier cases' bound is tight.
@@ -302,7 +309,7 @@ std::string run_fwd(const Case& c) {
     ref_t v = 0;
     for (int64_t j = 0; j < c.N; ++j) v += mu.centered(xr[j]) * mu.centered(xr[j]);
     v /= ref_t(c.N);
-    const ref_t rs = 1 / std::sqrt(v + ref_t(1e-5));
+    const ref_t rs = 1 / std::sqrt(v + eps);
     ref_mean[r] = double(mu.hi + mu.lo);
     ref_rstd[r] = double(rs);
     for (int64_t j = 0; j < c.N; ++j) {
@@ -572,6 +579,8 @@ int main() {
         c.far = true;
       } else if (extra == "huge") {
         c.huge = true;
+      } else if (extra.rfind("eps=", 0) == 0) {
+        c.eps = std::atof(extra.c_str() + 4);
       } else if (extra == "wide") {
         c.wide = true;
       } else if (extra == "narrow") {
@@ -609,6 +618,7 @@ int main() {
                              (c.outlier && c.outliers) ||
                              (c.far && !c.centered) ||
                              (c.huge && (c.pass != "fwd" || c.t == "f16" || c.multiplied())) ||
+                             (c.eps != 1e-5 && c.pass != "fwd") ||
                              (c.wide && c.pass == "fwd" && !c.residual) ||
                              (c.narrow && (!c.wide || !c.residual || c.pass != "fwd")) ||
                              (c.multiplied() && c.pass == "fwd" && !c.residual) ||
