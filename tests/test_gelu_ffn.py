@@ -171,6 +171,19 @@ def test_ffn_zero_hidden_units(device, dtype):
     torch.testing.assert_close(b2.grad, dy.float().sum(0).to(dtype))
 
 
+def _gelu_through_the_ffn(x, approximate):
+    """gelu and gelu' of the column x through gelu_ffn with 1x1 weights of one (the block is
+    gelu itself, dx is gelu'), and torch's GELU's: (y, dx, y_eager, dx_eager)."""
+    x = x.detach().requires_grad_()
+    one = torch.ones(1, 1, device=x.device, dtype=x.dtype)
+    y = fusednorm.gelu_ffn(x, one, None, one, None, approximate)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    x_eager = x.detach().requires_grad_()
+    y_eager = nn.functional.gelu(x_eager, approximate=approximate)
+    (dx_eager,) = torch.autograd.grad(y_eager, x_eager, torch.ones_like(y_eager))
+    return y, dx, y_eager, dx_eager
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", APPROXIMATE)
@@ -179,18 +192,14 @@ def test_gelu_and_its_derivative_over_a_wide_range(device, dtype, approximate):
     tails included, against torch's GELU; NaN propagates."""
     x = torch.linspace(-12, 12, 4801, dtype=torch.float64).to(device=device, dtype=dtype)
     x = x.unsqueeze(1).requires_grad_()
-    one = torch.ones(1, 1, device=device, dtype=dtype)
-    y = fusednorm.gelu_ffn(x, one, None, one, None, approximate)
-    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
-    x_eager = x.detach().requires_grad_()
-    y_eager = nn.functional.gelu(x_eager, approximate=approximate)
-    (dx_eager,) = torch.autograd.grad(y_eager, x_eager, torch.ones_like(y_eager))
+    y, dx, y_eager, dx_eager = _gelu_through_the_ffn(x, approximate)
     x64 = x.detach().double().requires_grad_()
     y64 = nn.functional.gelu(x64, approximate=approximate)
     (dx64,) = torch.autograd.grad(y64, x64, torch.ones_like(y64))
     _check_all([y, dx], [y_eager, dx_eager], [y64, dx64], dtype, ["gelu", "gelu'"])
 
     nan = torch.tensor([[float("nan")], [1.0]], device=device, dtype=dtype, requires_grad=True)
+    one = torch.ones(1, 1, device=device, dtype=dtype)
     y = fusednorm.gelu_ffn(nan, one, None, one, None, approximate)
     (dx,) = torch.autograd.grad(y.sum(), nan)
     assert y[0].isnan().all() and dx[0].isnan().all() and not y[1].isnan().any()
@@ -230,13 +239,7 @@ def test_gelu_and_its_derivative_far_out(device, dtype, approximate):
     big = torch.finfo(dtype).max
     values = [v for v in (1e6, 1e13, 1e37, big) if v <= big] + [3.0e4]
     x = torch.tensor(values + [-v for v in values], dtype=dtype, device=device)
-    x = x.unsqueeze(1).requires_grad_()
-    one = torch.ones(1, 1, device=device, dtype=dtype)
-    y = fusednorm.gelu_ffn(x, one, None, one, None, approximate)
-    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
-    x_eager = x.detach().requires_grad_()
-    y_eager = nn.functional.gelu(x_eager, approximate=approximate)
-    (dx_eager,) = torch.autograd.grad(y_eager, x_eager, torch.ones_like(y_eager))
+    y, dx, y_eager, dx_eager = _gelu_through_the_ffn(x.unsqueeze(1), approximate)
     torch.testing.assert_close(y, y_eager, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(dx, dx_eager, atol=0, rtol=0, equal_nan=True)
 
