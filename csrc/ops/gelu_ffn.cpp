@@ -4,8 +4,6 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/gelu.h>
-#include <ATen/ops/gelu_backward.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/linear.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -55,14 +53,6 @@ struct GeluFFNBackward : public SavedListNode {
 
   std::string name() const override { return "fusednorm.gelu_ffnBackward"; }
 
-  // Whether a gradient of weight1, bias1, weight2 or bias2 is asked for.
-  bool needs_parameter_gradients() const {
-    for (size_t i = 1; i < 5; ++i) {
-      if (task_should_compute_output(i)) return true;
-    }
-    return false;
-  }
-
   variable_list apply(variable_list&& grads) override {
     const variable_list s = unpack_saved();
     const at::Tensor &input = s[0], &weight1 = s[1], &bias1 = s[2], &weight2 = s[3],
@@ -75,12 +65,13 @@ struct GeluFFNBackward : public SavedListNode {
                                              approximate_, grad_out);
     }
 
-    if (!needs_parameter_gradients()) {
-      // Frozen weights and biases (fine-tuning around them): dx alone, as eager's two
-      // GEMMs and GELU backward, not the kernel that also forms dW1 and dW2.
-      const at::Tensor grad_hidden =
-          at::gelu_backward(at::mm(as_rows(grad_out, 1), weight2), hidden, approximate_);
-      return {shaped_like(at::mm(grad_hidden, weight1), input.sym_sizes()), {}, {}, {}, {}};
+    if (!needs_any_output(1, 5)) {
+      // Frozen weights and biases (fine-tuning around them): dx alone, not the kernel that
+      // also forms dW1 and dW2.
+      return {shaped_like(formulas::ffn_input_grad(as_rows(grad_out, 1), weight1, weight2,
+                                                   hidden, approximate_),
+                          input.sym_sizes()),
+              {}, {}, {}, {}};
     }
     // Grad mode is off: straight to the backend kernel (see NormBackward::apply).
     at::AutoDispatchBelowADInplaceOrView below_autograd;

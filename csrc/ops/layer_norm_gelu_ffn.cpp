@@ -94,11 +94,15 @@ struct BlockBackward : public SavedListNode {
     const at::Tensor x = as_rows(input, 1);
     const at::Tensor grad_rows = as_rows(grad_out, 1);
     const auto ln_w = contiguous_or_none(ln_weight), ln_b = contiguous_or_none(ln_bias);
-    at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
-    auto [grad_normed, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
-        grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(), bias1.defined(),
-        bias2.defined(), approximate_);
-    normed.reset();  // free it before the LayerNorm backward allocates
+    at::Tensor grad_normed, grad_w1, grad_b1, grad_w2, grad_b2;
+    if (needs_any_output(3, 7)) {
+      at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
+      std::tie(grad_normed, grad_w1, grad_b1, grad_w2, grad_b2) = row_ops::gelu_ffn_bwd().call(
+          grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(),
+          bias1.defined(), bias2.defined(), approximate_);
+    } else {  // a frozen FFN: its input's gradient alone, without the LayerNorm output
+      grad_normed = formulas::ffn_input_grad(grad_rows, weight1, weight2, hidden, approximate_);
+    }
     auto [grad_x, grad_ln_w, grad_ln_b, unused] =
         row_ops::norm_bwd().call(grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b,
                                  /*centered=*/true, std::nullopt, 0.0, std::nullopt,
@@ -110,7 +114,7 @@ struct BlockBackward : public SavedListNode {
             grad_w1,
             bias1.defined() ? grad_b1 : at::Tensor(),
             grad_w2,
-            bias2.defined() ? grad_b2 : at::Tensor()};
+            bias2.defined() ? grad_b2 : at::Tensor()};  // undefined alike for a frozen FFN
   }
 };
 
