@@ -212,7 +212,7 @@ def _why_not(module: nn.Module, cls: str) -> str:
 
 def norm_report(model: nn.Module) -> NormReport:
     """Every norm module of `model` (named_modules order) and what fusednorm does with it:
-    "fused" (already a fusednorm module), "swap" (replace_layernorm would swap it, detail:
+    "fused" (already a fusednorm module), "swap" (replace_norms would swap it, detail:
     the new class) or "keep" (detail: why not). print() it for a summary.
 
         >>> fusednorm.replace_layernorm(model)

@@ -37,6 +37,11 @@ def fused_param(param: Optional[torch.Tensor], input: torch.Tensor) -> Optional[
     return param.to(input.dtype)
 
 
+# A leaf of torch.fx.symbolic_trace (one call_function node): its dtype tests would otherwise
+# meet the tracer's proxies, which cannot decide a branch.
+torch.fx.wrap("fused_param")
+
+
 class FusedHFRMSNormCastLast(nn.Module):
     """Hugging Face RMSNorms that apply the weight in float32 and cast once at the end:
     `(weight.float() * (x.float() * rsqrt(mean(x.float()²) + eps))).to(x.dtype)`, written

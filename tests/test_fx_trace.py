@@ -80,3 +80,45 @@ def test_symbolic_trace_of_a_block_that_unpacks_the_add_outputs(cls):
     assert len(getitems) == 2
     inputs = [random_input((4, 3, D), torch.float32, "cpu", seed=k) for k in range(2)]
     _same_outputs_and_grads(block, traced, inputs)
+
+
+def _library_norms():
+    """(name, factory) of other libraries' norm classes whose swap targets convert their
+    parameters by the input's dtype (swap_targets.fused_param), where installed."""
+    found = []
+    try:
+        import timm.layers as layers
+    except ImportError:
+        layers = None
+    if layers is not None:
+        found += [("timm.LayerNormFp32", lambda: layers.LayerNormFp32(D)),
+                  ("timm.RmsNormFp32", lambda: layers.RmsNormFp32(D)),
+                  ("timm.LayerNormAct", lambda: layers.LayerNormActFp32(D))]
+    try:
+        from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+    except ImportError:
+        CohereLayerNorm = None
+    if CohereLayerNorm is not None:
+        found.append(("transformers.CohereLayerNorm", lambda: CohereLayerNorm(D)))
+    return found or [pytest.param(None, None, marks=pytest.mark.skip(
+        reason="needs timm or transformers"))]
+
+
+@pytest.mark.parametrize("name, make", _library_norms())
+def test_symbolic_trace_of_swapped_library_norms(name, make):
+    """A model that traced before replace_norms traces after it: the targets that convert
+    their parameters by the input's dtype (fused_param) trace it as a leaf; the traced
+    module computes what the swapped one does, outputs and gradients."""
+    import fusednorm
+
+    original = nn.Sequential(make())
+    with torch.no_grad():
+        for i, p in enumerate(original.parameters()):
+            p.copy_(random_input(p.shape, p.dtype, "cpu", scale=0.5, shift=0.5, seed=10 + i))
+    torch.fx.symbolic_trace(original)
+    swapped = fusednorm.replace_norms(original)
+    assert type(swapped[0]).__module__.startswith("fusednorm"), type(swapped[0])
+    traced = torch.fx.symbolic_trace(swapped)
+    targets = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
+    assert any(t.startswith("fusednorm.") for t in targets), targets
+    _same_outputs_and_grads(swapped, traced, [random_input((5, D), torch.float32, "cpu")])
