@@ -248,7 +248,9 @@ def test_layer_norm_gelu_ffn_row_blocks_rounded_like_float64(approximate, dtype)
     ffn = ffn_reference(normed, *detached[2:], dy, approximate, dtype, normed_mag)
     ffn_out, ffn_mag = ffn["output"]
     normed_leaf = fusednorm.layer_norm(x, (d,), *detached[:2], 1e-5).requires_grad_()
-    fusednorm.gelu_ffn(normed_leaf, *detached[2:], approximate).backward(dy)
+    # With trainable parameters, as in the block: a frozen FFN's dx takes other GEMMs.
+    ffn_params = [t.clone().requires_grad_() for t in detached[2:]]
+    fusednorm.gelu_ffn(normed_leaf, *ffn_params, approximate).backward(dy)
     norm = norm_reference(x, *detached[:2], normed_leaf.grad, None, 1e-5, True)
     ref = {"output": (x.double() + rnd(ffn_out), x.double().abs() + ffn_mag),
            "dweight1": ffn["dweight1"], "dbias1": ffn["dbias1"],
