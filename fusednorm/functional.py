@@ -239,13 +239,16 @@ def _zero_centered(input, weight, bias, zero_centered_weight):
             None if bias is None else bias.to(dtype))
 
 
-def _warn_fallback(device_type: str, instead: str = "the plain-PyTorch reference") -> None:
-    """Warns once per device type (and fallback) that no compiled kernel serves it."""
+def _warn_fallback(device_type: str, instead: str = "the plain-PyTorch reference",
+                   reason: str | None = None, stacklevel: int = 5) -> None:
+    """Warns once per device type (and fallback) that no compiled kernel serves it (reason:
+    why, when it is not the device's lack of kernels)."""
     if (device_type, instead) not in _warned_fallback:
         _warned_fallback.add((device_type, instead))
-        reason = _loader.LOAD_ERROR or f"no fusednorm kernel for {device_type} tensors"
-        # The user's call, above: the function, _call, the fallback, this.
-        warnings.warn(f"{reason}; using {instead}", RuntimeWarning, stacklevel=5)
+        reason = reason or _loader.LOAD_ERROR or f"no fusednorm kernel for {device_type} tensors"
+        # The user's call, above: the function, _call, the fallback, this (stacklevel 5;
+        # the jagged fallbacks are one call deeper, _jagged.on_values).
+        warnings.warn(f"{reason}; using {instead}", RuntimeWarning, stacklevel=stacklevel)
 
 
 def _explain(error: Exception, input, backend_op: str, check, *args) -> None:
@@ -287,7 +290,8 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
         trailing = 1 if shape_at is None or isinstance(args[shape_at], int) \
             else len(args[shape_at])
         return _jagged.on_values(name, args, outputs, trailing,
-                                 lambda a: _call(name, a, outputs, check, backend_op, fallback))
+                                 lambda a: _call(name, a, outputs, check, backend_op, fallback),
+                                 _OVER_RAGGED.get(name))
     flag_at = _FLAG_AT.get(name)
     if flag_at is not None and type(args[flag_at]) is not bool:
         check(*args)  # raises, naming zero_centered_weight
@@ -515,6 +519,121 @@ _FLAG_AT.update({fn.__name__: list(inspect.signature(fn).parameters).index("zero
                  for fn in (layer_norm, rms_norm, add_layer_norm, add_rms_norm)})
 _SHAPE_AT.update({fn.__name__: list(inspect.signature(fn).parameters).index("normalized_shape")
                   for fn in (layer_norm, rms_norm, add_layer_norm, add_rms_norm)})
+
+# Jagged nested tensors whose normalized dims include the ragged dim (each sequence
+# normalized as a whole: rows of unequal lengths, which no kernel takes) are computed by
+# PyTorch's own functions, as nn.LayerNorm / nn.RMSNorm compute them; _jagged.on_values
+# calls these with the nested arguments (checked to share input's structure). What PyTorch
+# raises for such an input (F.rms_norm, in torch 2.14: any; F.layer_norm: a ragged dim
+# other than 1, a tensor with holes) is raised as fusednorm's error, naming the fallback.
+_RAGGED_REASON = "no fusednorm kernel normalizes over the ragged dim of a jagged tensor"
+
+
+def _over_ragged_where(fn: str, input, normalized_shape) -> str:
+    return (f"{fn}: normalized_shape={list(normalized_shape)} includes the ragged dim "
+            f"{input._ragged_idx} of the jagged input (shape {list(input.shape)})")
+
+
+def _refuse_over_ragged(fn, input, normalized_shape, **options) -> None:
+    """The arguments the ragged-dim fallback cannot honour, by name: weight and bias (no
+    dense tensor has the ragged size, which normalized_shape holds; PyTorch's nested
+    layer_norm would ignore them), dropout_p > 0 (the kernels' mask is drawn over rows of one
+    length) and rowscale (applied by the kernels with their rounding)."""
+    where = _over_ragged_where(fn, input, normalized_shape)
+    for name in ("weight", "bias"):
+        if options.get(name) is not None:
+            ignored = (" (torch.nn.functional.layer_norm would ignore it)"
+                       if fn.endswith("layer_norm") else "")
+            raise FusedValueError(
+                f"{where}: {name} must be None there, as no dense {name} has the shape "
+                f"normalized_shape, which holds the ragged size{ignored}")
+    if options.get("dropout_p"):
+        raise FusedValueError(
+            f"{where}: dropout_p={options['dropout_p']!r} is not supported there: no fused "
+            f"kernel runs, and fusednorm's dropout mask is the kernels' (dropout_p must be 0; "
+            f"a module's dropout applies in training mode only)")
+    if options.get("rowscale") is not None:
+        raise FusedValueError(
+            f"{where}: rowscale is not supported there: no fused kernel runs to apply it "
+            f"(rowscale must be None)")
+
+
+def _torch_norm_over_ragged(fn, torch_fn, input, normalized_shape, *args):
+    """torch_fn (torch.nn.functional's layer_norm or rms_norm) on the nested input; its
+    error, for a nested input it does not support, as fusednorm's naming the fallback."""
+    try:
+        return torch_fn(input, list(normalized_shape), *args)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, ValueError) as error:
+        raise FusedValueError(
+            f"{_over_ragged_where(fn, input, normalized_shape)}: fusednorm falls back to "
+            f"torch.nn.functional.{torch_fn.__name__} there, which does not support it: "
+            f"{error}") from error
+
+
+def _over_ragged_layer_norm(input, normalized_shape, weight, bias, eps,
+                            zero_centered_weight=False):
+    fn = "fusednorm.layer_norm"
+    _refuse_over_ragged(fn, input, normalized_shape, weight=weight, bias=bias)
+    _check_layer_norm_call(input, normalized_shape, None, None, eps, zero_centered_weight)
+    out = _torch_norm_over_ragged(fn, torch.nn.functional.layer_norm, input, normalized_shape,
+                                  None, None, eps)
+    _warn_fallback(input.device.type, "torch.nn.functional.layer_norm", _RAGGED_REASON, 6)
+    return out
+
+
+def _over_ragged_rms_norm(input, normalized_shape, weight, eps, zero_centered_weight=False):
+    fn = "fusednorm.rms_norm"
+    _refuse_over_ragged(fn, input, normalized_shape, weight=weight)
+    _check_rms_norm_call(input, normalized_shape, None, eps, zero_centered_weight)
+    out = _torch_norm_over_ragged(fn, torch.nn.functional.rms_norm, input, normalized_shape,
+                                  None, eps)
+    _warn_fallback(input.device.type, "torch.nn.functional.rms_norm", _RAGGED_REASON, 6)
+    return out
+
+
+def _over_ragged_add_norm(fn, torch_fn, input, residual, normalized_shape, eps,
+                          residual_dtype, *params):
+    """The add ops' composition, norm(input + residual): the sum in residual_dtype's sum
+    dtype, one rounding (the kernels' sum), the norm's output in the input's dtype."""
+    total = _residual_sum(input, residual, residual_dtype, len(normalized_shape))
+    out = _torch_norm_over_ragged(fn, torch_fn, total, normalized_shape, *params, eps)
+    _warn_fallback(input.device.type, f"input + residual, then torch.nn.functional."
+                   f"{torch_fn.__name__}", _RAGGED_REASON, 7)
+    return out.to(input.dtype), total
+
+
+def _over_ragged_add_layer_norm(input, residual, normalized_shape, weight, bias, eps,
+                                zero_centered_weight=False, residual_dtype=None,
+                                dropout_p=0.0, rowscale=None):
+    fn = "fusednorm.add_layer_norm"
+    _refuse_over_ragged(fn, input, normalized_shape, weight=weight, bias=bias)
+    _check_add_layer_norm_call(input, residual, normalized_shape, None, None, eps,
+                               zero_centered_weight, residual_dtype, dropout_p, rowscale)
+    _refuse_over_ragged(fn, input, normalized_shape, dropout_p=dropout_p, rowscale=rowscale)
+    return _over_ragged_add_norm(fn, torch.nn.functional.layer_norm, input, residual,
+                                 normalized_shape, eps, residual_dtype, None, None)
+
+
+def _over_ragged_add_rms_norm(input, residual, normalized_shape, weight, eps,
+                              zero_centered_weight=False, residual_dtype=None, dropout_p=0.0,
+                              rowscale=None):
+    fn = "fusednorm.add_rms_norm"
+    _refuse_over_ragged(fn, input, normalized_shape, weight=weight)
+    _check_add_rms_norm_call(input, residual, normalized_shape, None, eps,
+                             zero_centered_weight, residual_dtype, dropout_p, rowscale)
+    _refuse_over_ragged(fn, input, normalized_shape, dropout_p=dropout_p, rowscale=rowscale)
+    return _over_ragged_add_norm(fn, torch.nn.functional.rms_norm, input, residual,
+                                 normalized_shape, eps, residual_dtype, None)
+
+
+_OVER_RAGGED = {
+    "layer_norm": _over_ragged_layer_norm,
+    "rms_norm": _over_ragged_rms_norm,
+    "add_layer_norm": _over_ragged_add_layer_norm,
+    "add_rms_norm": _over_ragged_add_rms_norm,
+}
 
 _APPROXIMATE = ("none", "tanh")
 
