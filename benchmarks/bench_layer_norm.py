@@ -155,15 +155,28 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
                                          api="layer_norm", liger=availability.liger_layer_norm)
 
 
+def run_providers(args: argparse.Namespace, device: torch.device) -> tuple[list[str], list[str]]:
+    """The providers run(args) times on device and the notes on those left out; SystemExit
+    where --save refuses them (cli.refuse_save)."""
+    notes: list[str] = []
+    wanted = cli.wanted_providers(args, PROVIDERS, device)
+    names = usable_providers(wanted, device, notes)
+    cli.refuse_save(args, SUITE, device, wanted, names, notes)
+    return names, notes
+
+
+def check_save(args: argparse.Namespace) -> None:
+    """--save's refusals of run(args), nothing timed (python -m benchmarks: every suite's
+    first)."""
+    cli.check_save(args, run_providers)
+
+
 def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
     """Runs the suite as args say; returns (results object, Markdown, results folder)."""
     out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
     device = cli.resolve_device(args.device, args.cpu_memory)
     cases = selected_cases(args, device)
-    notes: list[str] = []
-    wanted = cli.wanted_providers(args, PROVIDERS, device)
-    names = usable_providers(wanted, device, notes)
-    cli.refuse_save_without_fusednorm(args, wanted, names, notes)
+    names, notes = run_providers(args, device)
     for note in notes:
         print(f"[{SUITE}] {note}", file=sys.stderr)
     settings = runner.Settings(SUITE, device, args.passes, cli.budget_s(args, device),

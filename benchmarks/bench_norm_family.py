@@ -153,6 +153,11 @@ class NormSuite:
     def run(self, args: argparse.Namespace):
         return run(self, args)
 
+    def check_save(self, args: argparse.Namespace) -> None:
+        """--save's refusals of run(args), nothing timed (python -m benchmarks: every
+        suite's first)."""
+        cli.check_save(args, lambda args, device: run_providers(self, args, device))
+
     def plan(self, args: argparse.Namespace):
         return plan(self, args)
 
@@ -437,13 +442,21 @@ def draw(result: dict, path: Path, notes) -> None:
     bench_layer_norm.draw(dict(result, rows=rows), path, notes)
 
 
-def run(suite: NormSuite, args: argparse.Namespace):
-    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
-    device = cli.resolve_device(args.device, args.cpu_memory)
+def run_providers(suite: NormSuite, args: argparse.Namespace,
+                  device: torch.device) -> tuple[list[str], list[str]]:
+    """The providers run(suite, args) times on device and the notes on those left out;
+    SystemExit where --save refuses them (cli.refuse_save)."""
     notes: list[str] = []
     wanted = cli.wanted_providers(args, suite.providers, device)
     names = usable_providers(suite, wanted, device, notes)
-    cli.refuse_save_without_fusednorm(args, wanted, names, notes)
+    cli.refuse_save(args, suite.SUITE, device, wanted, names, notes)
+    return names, notes
+
+
+def run(suite: NormSuite, args: argparse.Namespace):
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
+    device = cli.resolve_device(args.device, args.cpu_memory)
+    names, notes = run_providers(suite, args, device)
     run_cases = cases(suite, args, device, notes)
     probed: dict = {}
     builders = [case_builder(suite, variant, M, N, dtype, device,

@@ -233,12 +233,24 @@ def _row(api: str, case: str, provider: str, samples: list[float]) -> dict:
             "us_p80": round(pick(0.8), 2)}
 
 
-def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
-    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
-    device = cli.resolve_device(args.device, args.cpu_memory)
+def refuse_without_fusednorm(args: argparse.Namespace, device: torch.device) -> None:
+    """SystemExit (with or without --save) where fusednorm cannot run on device: the suite
+    times fusednorm against PyTorch, nothing else."""
     reason = availability.fusednorm_skip_reason(device, "norm_fwd", "layer_norm")
     if reason:
         raise SystemExit(f"[{SUITE}] cannot run: {reason}")
+
+
+def check_save(args: argparse.Namespace) -> None:
+    """--save's refusals of run(args), nothing timed (python -m benchmarks: every suite's
+    first)."""
+    cli.check_save(args, refuse_without_fusednorm)
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str, Path]:
+    out = cli.out_root(args)  # first: a bad combination fails before minutes of timing
+    device = cli.resolve_device(args.device, args.cpu_memory)
+    refuse_without_fusednorm(args, device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

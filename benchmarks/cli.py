@@ -174,21 +174,44 @@ def subset_options(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def refuse_save_without_fusednorm(args: argparse.Namespace, wanted: Sequence[str],
-                                  usable: Sequence[str], notes: Sequence[str]) -> None:
-    """--save when a fusednorm provider of the run cannot run here (no kernel for the
-    device, a build without the api: availability.usable_providers left it out, saying why
-    in notes): SystemExit before anything is timed or written, since the published files
-    would hold no fusednorm rows (or the reference's)."""
-    if not getattr(args, "save", False):
-        return
+def fusednorm_refusal(wanted: Sequence[str], usable: Sequence[str],
+                      notes: Sequence[str]) -> str | None:
+    """Why --save must not run: a fusednorm provider of the run cannot run here (no kernel
+    for the device, a build without the api: availability.usable_providers left it out,
+    saying why in notes), so the published files would hold no fusednorm rows (or the
+    reference's); None when every one can."""
     missing = [name for name in wanted
                if (name == "fusednorm" or name.startswith("fusednorm ")) and name not in usable]
-    if missing:
-        why = [note for note in notes if any(note.startswith(f"{name} not benchmarked")
-                                             for name in missing)]
-        raise SystemExit("--save publishes fusednorm's timings: not without its kernels ("
-                         + "; ".join(why or missing) + ")")
+    if not missing:
+        return None
+    why = [note for note in notes if any(note.startswith(f"{name} not benchmarked")
+                                         for name in missing)]
+    return "--save publishes fusednorm's timings: not without its kernels (" + "; ".join(
+        why or missing) + ")"
+
+
+def refuse_save(args: argparse.Namespace, suite: str, device: torch.device,
+                wanted: Sequence[str], usable: Sequence[str], notes: Sequence[str]) -> None:
+    """--save's refusals that depend on the suite's providers on the device (wanted: those
+    of the run, usable: those that can run here, notes: why the others cannot):
+    fusednorm_refusal. SystemExit naming the suite, before anything is timed or written;
+    nothing without --save."""
+    if not getattr(args, "save", False):
+        return
+    reasons = [reason for reason in (fusednorm_refusal(wanted, usable, notes),) if reason]
+    if reasons:
+        raise SystemExit(f"[{suite}] " + "; ".join(reasons))
+
+
+def check_save(args: argparse.Namespace, providers) -> None:
+    """Every refusal of --save for a suite's run, with nothing timed or written: out_root's
+    (the run's options, the build), then those of providers(args, device) (the suite's
+    function that picks its providers on the device and calls refuse_save). python -m
+    benchmarks calls it for every suite before it runs any. Nothing without --save."""
+    if not getattr(args, "save", False):
+        return
+    out_root(args)
+    providers(args, resolve_device(args.device, args.cpu_memory))
 
 
 def suite_parser(description: str, providers: Sequence[str]) -> argparse.ArgumentParser:

@@ -61,6 +61,24 @@ def plans(args: argparse.Namespace) -> list[plan.SuitePlan]:
     return [SUITES[name].plan(suite_arguments(SUITES[name], args)) for name in args.suites]
 
 
+def check_save(args: argparse.Namespace) -> None:
+    """--save is all or nothing: every refusal of every suite of the run (its check_save:
+    the run's options, the build, fusednorm's kernels on the device), one
+    SystemExit naming them all before any suite runs or writes a file."""
+    if not args.save:
+        return
+    refusals = []
+    for name in args.suites:
+        module = SUITES[name]
+        try:
+            module.check_save(suite_arguments(module, args))
+        except SystemExit as refusal:
+            refusals.append(str(refusal.code))
+    if refusals:
+        raise SystemExit("--save: no suite run, nothing written:\n"
+                         + "\n".join(dict.fromkeys(refusals)))
+
+
 def where_note(folder: Path, out: Path) -> str:
     """The closing line: where the files are, and how to publish them."""
     if out == stamp.RESULTS_DIR:
@@ -82,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         print(plan.describe(plans(args)), end="")
         return
     out = cli.out_root(args)
+    check_save(args)
     cli.warn_unpublishable(args)
     device = cli.resolve_device(args.device, args.cpu_memory)
     print(f"fusednorm benchmarks on {device.type}: {', '.join(args.suites)}", file=sys.stderr)

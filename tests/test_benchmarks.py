@@ -224,9 +224,51 @@ def test_save_refuses_when_fusednorm_cannot_run(tmp_path, monkeypatch, built_fro
     # Without --save the run goes on, the absence named in the notes.
     notes = []
     names = bench_layer_norm.usable_providers(["fusednorm", "torch"], torch.device("cpu"), notes)
-    cli.refuse_save_without_fusednorm(argparse.Namespace(save=False), ["fusednorm", "torch"],
-                                      names, notes)
+    cli.refuse_save(argparse.Namespace(save=False), "layer_norm", torch.device("cpu"),
+                    ["fusednorm", "torch"], names, notes)
     assert names == ["torch"] and notes[0].startswith("fusednorm not benchmarked")
+
+
+@pytest.fixture
+def nothing_timed(monkeypatch):
+    """The suites whose cases reached the harness (runner.run), none of them timed."""
+    timed = []
+
+    def run(settings, case_builders, providers_per_case):
+        timed.append(settings.suite)
+        raise AssertionError(f"{settings.suite} was to be refused before it was timed")
+
+    monkeypatch.setattr(runner, "run", run)
+    return timed
+
+
+@pytest.mark.parametrize("suites, missing, refused", [
+    ("layer_norm,gelu_ffn", {"gelu_ffn_fwd"}, ["gelu_ffn"]),  # the last suite refused
+    ("gelu_ffn,overhead", {"norm_fwd"}, ["overhead"]),        # overhead's own refusal
+    ("gelu_ffn,rms_norm,add_layer_norm", {"norm_fwd"}, ["rms_norm", "add_layer_norm"]),
+    ("layer_norm,gelu_ffn", {"norm_fwd", "gelu_ffn_fwd"}, ["layer_norm", "gelu_ffn"]),
+])
+def test_save_checks_every_suite_before_any_runs(suites, missing, refused, tmp_path,
+                                                 monkeypatch, built_from_sources,
+                                                 nothing_timed):
+    """python -m benchmarks --save is all or nothing: a suite that --save refuses (here:
+    fusednorm has no kernel for its op) stops the run before any suite is timed or writes
+    a file, and the error names each suite refused."""
+    from benchmarks import availability, bench_overhead
+
+    monkeypatch.setattr(stamp, "RESULTS_DIR", tmp_path / "results")
+    real = availability.fusednorm_skip_reason
+    monkeypatch.setattr(availability, "fusednorm_skip_reason", lambda device, op, api: (
+        f"no compiled cpu kernel for fusednorm::{op}*" if op in missing
+        else real(device, op, api)))
+    monkeypatch.setattr(bench_overhead, "measure", lambda *a: pytest.fail("overhead timed"))
+    with pytest.raises(SystemExit) as refusal:
+        run_all.main(["--save", "--device", "cpu", "--cpu-memory", "fresh",
+                      "--suites", suites])
+    message = str(refusal.value.code)
+    assert message.startswith("--save: no suite run, nothing written")
+    assert [name for name in suites.split(",") if f"[{name}]" in message] == refused
+    assert nothing_timed == [] and not (tmp_path / "results").exists()
 
 
 def test_results_record_whether_the_build_matches_the_sources(monkeypatch):
