@@ -54,6 +54,18 @@ def fusednorm_skip_reason(device: torch.device, op_prefix: str, api: str) -> str
     return f"fusednorm imported from {where} cannot run on {device.type}: {why}{hint}"
 
 
+# The peers a GPU run of a suite times beside fusednorm where the suite has them (its
+# provider name: the module to import, how to install it). A run without one skips it and
+# says so; --save on a GPU refuses (cli.peer_refusal): published files keep its column.
+GPU_PEERS = {"liger": ("liger_kernel", "pip install liger-kernel")}
+
+
+def not_importable(peer: str) -> str:
+    """A GPU peer's absence, with how to install it."""
+    module, install = GPU_PEERS[peer]
+    return f"{module} is not importable ({install})"
+
+
 def call_skip_reason(call: Callable[[], object], what: str) -> str | None:
     """None when call() runs (a tiny forward and backward of a provider's options); else
     why `what` cannot be benchmarked here, e.g. a fusednorm that predates a keyword argument
@@ -84,7 +96,7 @@ def usable_providers(wanted, known, device: torch.device, notes: list[str], *, b
             if device.type != "cuda":
                 reason = "Liger-Kernel runs on GPUs only"
             elif liger is None or liger() is None:
-                reason = "liger_kernel is not importable (pip install liger-kernel)"
+                reason = not_importable(name)
         if reason is None:
             usable.append(name)
         else:

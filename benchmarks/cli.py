@@ -5,11 +5,11 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
-from . import harness, runner, stamp
+from . import availability, harness, runner, stamp
 
 DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -190,15 +190,37 @@ def fusednorm_refusal(wanted: Sequence[str], usable: Sequence[str],
         why or missing) + ")"
 
 
+def peer_refusal(device_kind: str, wanted: Sequence[str],
+                 available: Mapping[str, bool]) -> str | None:
+    """Why --save must not run: on a GPU ("cuda"), a peer of availability.GPU_PEERS that the
+    suite times (in wanted) is not available here (available[name] false or absent), so the
+    published files would lack its column; None otherwise (the CPU has no such peer: Liger
+    is Triton, GPU only)."""
+    if device_kind != "cuda":
+        return None
+    missing = [name for name in wanted
+               if name in availability.GPU_PEERS and not available.get(name, False)]
+    if not missing:
+        return None
+    return ("--save on a GPU publishes fusednorm beside its peers: not without "
+            + "; ".join(f"{name}: {availability.not_importable(name)}" for name in missing)
+            + "; install it, or leave out --save")
+
+
 def refuse_save(args: argparse.Namespace, suite: str, device: torch.device,
                 wanted: Sequence[str], usable: Sequence[str], notes: Sequence[str]) -> None:
     """--save's refusals that depend on the suite's providers on the device (wanted: those
     of the run, usable: those that can run here, notes: why the others cannot):
-    fusednorm_refusal. SystemExit naming the suite, before anything is timed or written;
-    nothing without --save."""
+    fusednorm_refusal and peer_refusal (a GPU peer is available where usable kept it).
+    SystemExit naming the suite, before anything is timed or written; nothing without
+    --save."""
     if not getattr(args, "save", False):
         return
-    reasons = [reason for reason in (fusednorm_refusal(wanted, usable, notes),) if reason]
+    reasons = [reason for reason in (
+        fusednorm_refusal(wanted, usable, notes),
+        peer_refusal(device.type, wanted,
+                     {name: name in usable for name in availability.GPU_PEERS}))
+        if reason]
     if reasons:
         raise SystemExit(f"[{suite}] " + "; ".join(reasons))
 

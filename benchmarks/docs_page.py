@@ -55,8 +55,9 @@ METHOD = """\
   its suite's table.
 - **× torch**: PyTorch eager's time over the provider's (above 1: faster). **× compile**:
   `torch.compile`'s time over the provider's. **× liger** (GPU runs with Liger-Kernel
-  installed): Liger's time over the provider's (its RMSNorm functions with
-  `in_place=False`, whose backward leaves the dy it is given as it was).
+  installed; `--save` on a GPU refuses to run without it): Liger's time over the
+  provider's (its RMSNorm functions with `in_place=False`, whose backward leaves the dy it
+  is given as it was).
 - **Host-bound rows** (GPU): a row whose 80th-percentile time exceeds its 20th by more
   than 1.25x, or, in a file timed by `do_bench`, whose host time per call (`host_ms`: the
   CPU time of launching a call, calls launched back to back) reaches its time, may have

@@ -63,7 +63,7 @@ def plans(args: argparse.Namespace) -> list[plan.SuitePlan]:
 
 def check_save(args: argparse.Namespace) -> None:
     """--save is all or nothing: every refusal of every suite of the run (its check_save:
-    the run's options, the build, fusednorm's kernels on the device), one
+    the run's options, the build, fusednorm's kernels and the GPU peers on the device), one
     SystemExit naming them all before any suite runs or writes a file."""
     if not args.save:
         return

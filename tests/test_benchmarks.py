@@ -601,6 +601,57 @@ def test_liger_add_rms_norm_is_timed_on_plain_cases_only_and_absent_without_lige
     assert stub.calls and set(stub.calls) == {(family.EPS, 0.0, "llama", False)}
 
 
+def test_save_on_a_gpu_refuses_a_missing_peer():
+    """GPU norm suites time Liger-Kernel beside fusednorm: --save on a GPU where it is not
+    available refuses, naming it and how to install it; a suite without it (gelu_ffn,
+    add_layer_norm) and the CPU (Liger is Triton, GPU only) need none."""
+    wanted = ["fusednorm", "torch", "torch.compile", "liger"]
+    reason = cli.peer_refusal("cuda", wanted, {"liger": False})
+    assert reason and "liger" in reason and "pip install liger-kernel" in reason
+    assert cli.peer_refusal("cuda", wanted, {}) == reason  # not said available: missing
+    assert cli.peer_refusal("cuda", wanted, {"liger": True}) is None
+    assert cli.peer_refusal("cpu", wanted, {"liger": False}) is None
+    assert cli.peer_refusal("cuda", ["fusednorm", "torch", "gemm-only"], {"liger": False}) is None
+
+
+def test_save_on_a_gpu_without_liger_is_refused_before_any_suite_runs(
+        tmp_path, monkeypatch, built_from_sources, nothing_timed):
+    """python -m benchmarks --save on a GPU without Liger-Kernel: refused up front, naming
+    each suite that times it and the install command, nothing timed or written; without
+    --save its suites skip it with a note; on the CPU --save does not ask for it. (No GPU
+    needed: the device and the availability are stand-ins.)"""
+    from benchmarks import availability, bench_norm_family as family
+
+    monkeypatch.setattr(stamp, "RESULTS_DIR", tmp_path / "results")
+    resolve_device = cli.resolve_device
+    monkeypatch.setattr(cli, "resolve_device", lambda choice, cpu_memory="reuse":
+                        torch.device("cuda"))
+    monkeypatch.setattr(availability, "fusednorm_skip_reason", lambda device, op, api: None)
+    monkeypatch.setattr(availability, "liger_layer_norm", lambda: None)
+    for suite in (family.RMS_NORM, family.ADD_RMS_NORM):
+        monkeypatch.setattr(suite, "find_liger", lambda: None)
+    with pytest.raises(SystemExit) as refusal:
+        run_all.main(["--save"])
+    message = str(refusal.value.code)
+    assert [name for name in run_all.SUITES if f"[{name}]" in message] == [
+        "layer_norm", "rms_norm", "add_rms_norm"]
+    assert "liger_kernel is not importable (pip install liger-kernel)" in message
+    assert nothing_timed == [] and not (tmp_path / "results").exists()
+
+    # Without --save: liger is left out, and the notes say why.
+    args = bench_layer_norm.parser().parse_args(["--device", "cuda"])
+    names, notes = bench_layer_norm.run_providers(args, torch.device("cuda"))
+    assert "liger" not in names and "fusednorm" in names
+    assert "liger not benchmarked: liger_kernel is not importable (pip install liger-kernel)" in notes
+    # With Liger importable, --save on the GPU goes on.
+    monkeypatch.setattr(availability, "liger_layer_norm", lambda: object())
+    bench_layer_norm.check_save(bench_layer_norm.parser().parse_args(["--save"]))
+    # The CPU: --save asks nothing of Liger.
+    monkeypatch.setattr(cli, "resolve_device", resolve_device)
+    run_all.check_save(run_all.parser().parse_args(
+        ["--save", "--device", "cpu", "--cpu-memory", "fresh"]))
+
+
 class _LigerRMSNormStub(torch.autograd.Function):
     """Liger-Kernel 0.8.5's LigerRMSNormFunction.apply(X, W, eps, offset, casting_mode,
     in_place=True, row_mode=None) in torch ops ("llama" casting), with its in-place backward:
