@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <array>
 #include <optional>
 #include <tuple>
 
@@ -33,6 +34,7 @@ using Opt = const OptTensor&;
 using Shape = c10::SymIntArrayRef;
 using Str = c10::string_view;
 using OptDtype = std::optional<at::ScalarType>;
+using ParamGrads = std::array<bool, 2>;  // norm_bwd's: grad_weight, grad_bias wanted
 
 }  // namespace fusednorm::op_table
 
@@ -117,13 +119,17 @@ using OptDtype = std::optional<at::ScalarType>;
      (rounded) times the multipliers of the norm_fwd call whose dropout_p, rowscale and     \
      rng_state (given exactly when dropout_p > 0) are given, rounded once to x_dtype;       \
      bitwise dropout_scale(grad_input, rowscale, rng_state, dropout_p, x_dtype), and        \
-     without dropout / rowscale grad_input.to(x_dtype). */                                  \
+     without dropout / rowscale grad_input.to(x_dtype). param_grads: whether grad_weight   \
+     and grad_bias are wanted; one not wanted (a frozen parameter) is empty ([0]) and its   \
+     column sums are not formed. */                                                         \
   X(norm_bwd,                                                                                \
     "norm_bwd(Tensor grad_out, Tensor? grad_sum, Tensor input, Tensor mean, Tensor rstd,"    \
     " Tensor? weight, Tensor? bias, bool centered, ScalarType? x_dtype=None,"               \
-    " float dropout_p=0., Tensor? rowscale=None, Tensor? rng_state=None) -> (Tensor"         \
-    " grad_input, Tensor grad_weight, Tensor grad_bias, Tensor grad_x)",                     \
-    Tensor4(Tensor, Opt, Tensor, Tensor, Tensor, Opt, Opt, bool, OptDtype, double, Opt, Opt)) \
+    " float dropout_p=0., Tensor? rowscale=None, Tensor? rng_state=None,"                    \
+    " bool[2] param_grads=[True, True]) -> (Tensor grad_input, Tensor grad_weight,"          \
+    " Tensor grad_bias, Tensor grad_x)",                                                     \
+    Tensor4(Tensor, Opt, Tensor, Tensor, Tensor, Opt, Opt, bool, OptDtype, double, Opt, Opt, \
+            ParamGrads))                                                                     \
   /* grad * m rounded once to dtype (grad's, or float16/bfloat16 beside a float32 grad: a  \
      float32 sum's input), m the multipliers of the norm_fwd call whose rng_state (and     \
      dropout_p, rowscale) are given, on rows of grad's [M, N] shape: the input gradient of \

@@ -228,7 +228,7 @@ def _register_all() -> None:
     _register(O.layer_norm_apply.default, 5, _row_rules("r", "rsspp", 0))
     # grad_x (the add ops' input gradient, [0] unless x_dtype) and rowscale follow the rows;
     # rng_state is replicated (under DTensor dropout is refused: both are None).
-    _register(O.norm_bwd.default, 7, _row_rules("rggr", "rrrsspp...sp", 2, linear_in=0))
+    _register(O.norm_bwd.default, 7, _row_rules("rggr", "rrrsspp...sp.", 2, linear_in=0))
     _register(O.gelu_ffn_bwd.default, 5, _gelu_ffn_bwd_rules)
 
 if ops.LAYER_NORM is not None:

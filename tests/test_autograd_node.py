@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fusednorm
-from conftest import random_input
+from conftest import DEVICES, random_input
 
 
 def _norm_calls():
@@ -148,3 +149,84 @@ def test_node_creation_hooks_see_every_op(name):
         y = _norm_calls()[name](x)
     assert y.grad_fn in seen
     assert sum(1 for n in seen if n.name().startswith("fusednorm")) == 1
+
+
+class _NormBwdCalls(TorchDispatchMode):
+    """Records each norm_bwd call's param_grads and the numels of the grad_weight and
+    grad_bias it returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.fusednorm.norm_bwd.default:
+            wanted = args[12] if len(args) > 12 else (kwargs or {}).get("param_grads", [True] * 2)
+            self.calls.append((list(wanted), out[1].numel(), out[2].numel()))
+        return out
+
+
+def _with_parameters(name, device, trainable):
+    """name's op over a (5, 7) input x with its norm parameters (weight, and bias where it
+    has one) requiring grad as `trainable` says: (fn(x), the parameters)."""
+    w = (random_input((7,), torch.float32, device, seed=3)).requires_grad_("weight" in trainable)
+    b = random_input((7,), torch.float32, device, seed=4).requires_grad_("bias" in trainable)
+    r = random_input((5, 7), torch.float32, device, seed=5)
+    w1 = random_input((9, 7), torch.float32, device, seed=6).requires_grad_()
+    w2 = random_input((7, 9), torch.float32, device, seed=7).requires_grad_()
+    calls = {
+        "layer_norm": (lambda x: fusednorm.layer_norm(x, (7,), w, b), (w, b)),
+        "rms_norm": (lambda x: fusednorm.rms_norm(x, (7,), w), (w,)),
+        "add_layer_norm": (lambda x: fusednorm.add_layer_norm(x, r, (7,), w, b)[0], (w, b)),
+        "add_rms_norm": (lambda x: fusednorm.add_rms_norm(x, r, (7,), w)[0], (w,)),
+        "layer_norm_gelu_ffn": (lambda x: fusednorm.functional.layer_norm_gelu_ffn(
+            x, w, b, 1e-5, w1, None, w2, None), (w, b)),
+    }
+    return calls[name]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("trainable", [(), ("bias",), ("weight",), ("weight", "bias")])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
+                                  "layer_norm_gelu_ffn"])
+def test_frozen_parameters_get_no_column_sums(name, trainable, device):
+    """A frozen norm weight or bias (LoRA, BitFit fine-tuning) gets no gradient, and the
+    backward's kernel is asked for none (param_grads), so its column sums are not formed;
+    every other gradient is bitwise the one of a run where all parameters train."""
+    x = random_input((5, 7), torch.float32, device).requires_grad_()
+    dy = random_input((5, 7), torch.float32, device, seed=2)
+    fn, params = _with_parameters(name, device, trainable)
+    record = _NormBwdCalls()
+    with record:
+        fn(x).backward(dy)
+    wanted = [p.requires_grad for p in params] + [False] * (2 - len(params))
+    formed = [p.numel() if w else 0 for p, w in zip(params, wanted)] + [0] * (2 - len(params))
+    assert record.calls == [(wanted, *formed)]
+    full_fn, full_params = _with_parameters(name, device, ("weight", "bias"))
+    x_full = x.detach().clone().requires_grad_()
+    full_fn(x_full).backward(dy)
+    assert torch.equal(x.grad, x_full.grad)
+    for p, full in zip(params, full_params):
+        if p.requires_grad:
+            assert torch.equal(p.grad, full.grad)
+        else:
+            assert p.grad is None
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm", "layer_norm_gelu_ffn"])
+def test_grad_of_the_input_alone_forms_no_parameter_gradients(name):
+    """torch.autograd.grad(out, x) with trainable parameters: only x's gradient is asked
+    for, so the kernel forms no column sums."""
+    x = random_input((5, 7), torch.float32, "cpu").requires_grad_()
+    dy = random_input((5, 7), torch.float32, "cpu", seed=2)
+    fn, params = _with_parameters(name, "cpu", ("weight", "bias"))
+    record = _NormBwdCalls()
+    with record:
+        (gx,) = torch.autograd.grad(fn(x), x, dy)
+    assert record.calls == [([False, False], 0, 0)]
+    x_full = x.detach().clone().requires_grad_()
+    fn(x_full).backward(dy)
+    # (the block's FFN then takes its frozen path: dx from other GEMMs, rounded apart)
+    torch.testing.assert_close(gx, x_full.grad)
+    assert all(p.grad is not None for p in params)

@@ -312,6 +312,22 @@ def test_emulated_norm_family_cluster_long_rows(harness, pass_, t, p, variant):
     check_ok_with_cluster_launches(harness, cases)
 
 
+@pytest.mark.parametrize("variant", ["", "rms", "res", "rms res"])
+@pytest.mark.parametrize("t, p", PAIRS, ids=[f"{t}-{p}" for t, p in PAIRS])
+def test_emulated_backward_with_a_frozen_weight(harness, t, p, variant):
+    """A frozen weight (norm_bwd's param_grads): dy scaled by it, its gradient not asked for
+    (a null dweight), alone or beside dbias, which then fills the partial rows' first
+    columns; every bucket, the one-element path, chunked rows and the clustered launch."""
+    frozen = ["F"] if "rms" in variant else ["F", "Fb"]
+    lines = list(family_cases("bwd", t, p, variant))
+    lines += [line + " " + variant for line, _ in cluster_cases("bwd", t, p, ln_grad_sum=variant == "res")]
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        tokens[5] = frozen[i % len(frozen)]
+        lines[i] = " ".join(tokens)
+    check_all_ok(harness, lines)
+
+
 # A float32 residual stream (residual_dtype) beside 16-bit inputs: the float kernels with
 # 16-bit x, y and dy (the harness's `wide`); the residual, sum, backward x, grad_sum and dx
 # float32. Its buckets are float32's.

@@ -91,6 +91,40 @@ def test_raw_ops_match_reference(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [301, 1024, 20000])
+@pytest.mark.parametrize("centered", [True, False])
+def test_raw_backward_forms_only_the_wanted_parameter_gradients(device, dtype, N, centered):
+    """norm_bwd's param_grads: a gradient not wanted (a frozen parameter) comes back empty;
+    grad_input and the wanted one are bitwise those of the call that forms both. Also a
+    16-bit grad_out beside a float32 input (an add op's float32 sum)."""
+    M = 6
+    cases = [(dtype, dtype)]
+    if dtype in (torch.bfloat16, torch.float16):
+        cases.append((torch.float32, dtype))
+    for x_dtype, dy_dtype in cases:
+        x = random_input((M, N), x_dtype, device)
+        dy = random_input((M, N), dy_dtype, device, scale=1.0, shift=0.0, seed=3)
+        weight, bias = make_params((N,), "affine", dy_dtype, device)
+        bias = bias if centered else None
+        _, _, mean, rstd = ops.norm_fwd(x, None, None, None, 1e-5, centered)
+        full = ops.norm_bwd(dy, None, x, mean, rstd, weight, bias, centered)
+        for wanted in ([False, True], [True, False], [False, False]):
+            got = ops.norm_bwd(dy, None, x, mean, rstd, weight, bias, centered,
+                               param_grads=wanted)
+            assert torch.equal(got[0], full[0])
+            for want, mine, formed in zip(wanted, got[1:3], full[1:3]):
+                if want and formed.numel():
+                    assert torch.equal(mine, formed)
+                else:
+                    assert mine.shape == (0,)
+        if device == "cpu" or x_dtype == dtype:
+            torch.library.opcheck(ops.norm_bwd.default,
+                                  (dy, None, x, mean, rstd, weight, bias, centered),
+                                  {"param_grads": [False, True]})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N", SIZES)
 @pytest.mark.parametrize("affine", AFFINE)
 def test_matches_reference(device, dtype, N, affine):

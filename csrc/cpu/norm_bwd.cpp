@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <array>
 #include <optional>
 #include <type_traits>
 
@@ -19,11 +20,14 @@ using namespace entry;
 Tensor4 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at::Tensor& input,
                  const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight,
                  const OptTensor& bias, bool centered, std::optional<at::ScalarType> x_dtype,
-                 double dropout_p, const OptTensor& rowscale, const OptTensor& rng_state) {
+                 double dropout_p, const OptTensor& rowscale, const OptTensor& rng_state,
+                 std::array<bool, 2> wanted) {
   check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
   check_norm_bwd_input_grad(grad_out, input, x_dtype, dropout_p, rowscale, rng_state);
   const int64_t M = input.size(0), N = input.size(1);
-  const bool param_grads = given(weight) || given(bias);
+  // A frozen parameter's gradient is not wanted: no column sums (partials) for it.
+  const bool weight_grad = given(weight) && wanted[0], bias_grad = given(bias) && wanted[1];
+  const bool param_grads = weight_grad || bias_grad;
   const int64_t blocks = param_grads && M > 0 ? num_row_blocks(M, N) : 0;
   ScratchHandle own_partials;
   at::Tensor grad_input, grad_weight, grad_bias, grad_x;
@@ -48,8 +52,8 @@ Tensor4 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
         acc_t* partial_w = scratch;
         acc_t* partial_b = centered ? scratch + part_count : nullptr;
         grad_weight =
-            given(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
-        grad_bias = given(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+            weight_grad ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
+        grad_bias = bias_grad ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
         // x_dtype is D (check_norm_bwd_input_grad).
         grad_x = x_dtype ? at::empty_like(grad_out) : at::empty({0}, input.options());
         if (M > 0) {
@@ -67,11 +71,11 @@ Tensor4 norm_bwd(const at::Tensor& grad_out, const OptTensor& grad_sum, const at
                                   x_dtype.has_value(), partial_w, partial_b, blocks);
         }
         // With no rows, the partials are an empty sum: the gradients are zeros.
-        if (given(weight)) {
+        if (weight_grad) {
           sum_partials<acc_t, P>(partial_w, blocks, N,
                                  grad_weight.mutable_data_ptr<P>());
         }
-        if (given(bias)) {
+        if (bias_grad) {
           sum_partials<acc_t, P>(partial_b, blocks, N,
                                  grad_bias.mutable_data_ptr<P>());
         }

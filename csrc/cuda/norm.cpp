@@ -244,17 +244,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_bwd(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     bool centered, std::optional<at::ScalarType> x_dtype, double dropout_p,
-    const std::optional<at::Tensor>& rowscale, const std::optional<at::Tensor>& rng_state) {
+    const std::optional<at::Tensor>& rowscale, const std::optional<at::Tensor>& rng_state,
+    std::array<bool, 2> wanted) {
   check_on_cuda(input, "input");
   check_norm_bwd_args(grad_out, grad_sum, input, mean, rstd, weight, bias, centered);
   check_norm_bwd_input_grad(grad_out, input, x_dtype, dropout_p, rowscale, rng_state);
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   const int64_t M = input.size(0), N = input.size(1);
+  // A frozen parameter's gradient is not wanted: its kernels' pointer is null (no partials).
+  const bool weight_grad = present(weight) && wanted[0], bias_grad = present(bias) && wanted[1];
   at::Tensor grad_input = at::empty_like(input);
   at::Tensor grad_weight =
-      present(weight) ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
+      weight_grad ? at::empty({N}, weight->options()) : at::empty({0}, input.options());
   at::Tensor grad_bias =
-      present(bias) ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
+      bias_grad ? at::empty({N}, bias->options()) : at::empty({0}, input.options());
   // x_dtype is grad_out's (check_norm_bwd_input_grad).
   at::Tensor grad_x = x_dtype ? at::empty_like(grad_out) : at::empty({0}, input.options());
   if (M == 0) {
@@ -267,8 +270,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_bwd(
 
   if (grad_out.scalar_type() != input.scalar_type()) {  // a float sum, 16-bit dy
     const auto w = widened(weight);
-    at::Tensor gw = present(weight) ? at::empty({N}, input.options()) : grad_weight;
-    at::Tensor gb = present(bias) ? at::empty({N}, input.options()) : grad_bias;
+    at::Tensor gw = weight_grad ? at::empty({N}, input.options()) : grad_weight;
+    at::Tensor gb = bias_grad ? at::empty({N}, input.options()) : grad_bias;
     launch_float_sum(grad_out, centered, [&](auto io_tag) {
       using IO = decltype(io_tag);
       return with_input_grad(
@@ -279,15 +282,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_bwd(
               rstd.const_data_ptr<float>(),
               data_or_null<float>(w),
               grad_input.mutable_data_ptr<float>(),
-              present(weight) ? gw.mutable_data_ptr<float>() : nullptr,
-              present(bias) ? gb.mutable_data_ptr<float>() : nullptr,
+              weight_grad ? gw.mutable_data_ptr<float>() : nullptr,
+              bias_grad ? gb.mutable_data_ptr<float>() : nullptr,
               M,
               N,
               data_or_null<float>(grad_sum)},
           grad_x, dropout_p, rowscale, rng_state);
     });
-    if (present(weight)) grad_weight.copy_(gw);  // one rounding, to the weight's dtype
-    if (present(bias)) grad_bias.copy_(gb);
+    if (weight_grad) grad_weight.copy_(gw);  // one rounding, to the weight's dtype
+    if (bias_grad) grad_bias.copy_(gb);
     return {grad_input, grad_weight, grad_bias, grad_x};
   }
 
@@ -302,8 +305,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_bwd(
             rstd.const_data_ptr<acc_type_t<T>>(),
             data_or_null<P>(weight),
             grad_input.mutable_data_ptr<T>(),
-            present(weight) ? grad_weight.mutable_data_ptr<P>() : nullptr,
-            present(bias) ? grad_bias.mutable_data_ptr<P>() : nullptr,
+            weight_grad ? grad_weight.mutable_data_ptr<P>() : nullptr,
+            bias_grad ? grad_bias.mutable_data_ptr<P>() : nullptr,
             M,
             N,
             data_or_null<T>(grad_sum)},

@@ -103,14 +103,16 @@ struct BlockBackward : public SavedListNode {
     } else {  // a frozen FFN: its input's gradient alone, without the LayerNorm output
       grad_normed = formulas::ffn_input_grad(grad_rows, weight1, weight2, hidden, approximate_);
     }
-    auto [grad_x, grad_ln_w, grad_ln_b, unused] =
-        row_ops::norm_bwd().call(grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b,
-                                 /*centered=*/true, std::nullopt, 0.0, std::nullopt,
-                                 std::nullopt);
+    // A frozen LayerNorm weight or bias gets no column sums (see NormBackward).
+    const bool ln_weight_grad = ln_weight.defined() && task_should_compute_output(1);
+    const bool ln_bias_grad = ln_bias.defined() && task_should_compute_output(2);
+    auto [grad_x, grad_ln_w, grad_ln_b, unused] = row_ops::norm_bwd().call(
+        grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b, /*centered=*/true, std::nullopt,
+        0.0, std::nullopt, std::nullopt, {ln_weight_grad, ln_bias_grad});
     const at::Tensor grad_input = shaped_like(at::add(grad_x, grad_rows), input.sym_sizes());  // + the residual's
     return {grad_input,
-            ln_weight.defined() ? grad_ln_w.view_symint(ln_weight.sym_sizes()) : at::Tensor(),
-            ln_bias.defined() ? grad_ln_b.view_symint(ln_bias.sym_sizes()) : at::Tensor(),
+            ln_weight_grad ? grad_ln_w.view_symint(ln_weight.sym_sizes()) : at::Tensor(),
+            ln_bias_grad ? grad_ln_b.view_symint(ln_bias.sym_sizes()) : at::Tensor(),
             grad_w1,
             bias1.defined() ? grad_b1 : at::Tensor(),
             grad_w2,

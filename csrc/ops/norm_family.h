@@ -317,11 +317,14 @@ struct NormBackward : public torch::autograd::Node {
     // backend writes it as grad_x in the same pass over the rows (x_dtype asks for it).
     const bool own_input_grad = dropout_active_ || input_type_ != sum_type_;
     const double p = dropout_active_ ? dropout_p_ : 0.0;
+    // A frozen weight or bias (fine-tuning: LoRA, BitFit) gets no column sums.
+    const bool weight_grad = weight.defined() && task_should_compute_output(2);
+    const bool bias_grad = bias.defined() && task_should_compute_output(3);
     std::tie(grad_input, grad_weight, grad_bias, grad_x) = row_ops::norm_bwd().call(
         dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered,
         own_input_grad ? OptDtype(input_type_) : std::nullopt, p,
         dropout_active_ ? rowscale_rows(dropout.rowscale, normed_input) : std::nullopt,
-        p > 0.0 ? OptTensor(rng_state_.unpack()) : std::nullopt);
+        p > 0.0 ? OptTensor(rng_state_.unpack()) : std::nullopt, {weight_grad, bias_grad});
     grad_input = shaped_like(grad_input, normed_input.sym_sizes());
     result[0] = own_input_grad ? shaped_like(grad_x, normed_input.sym_sizes()) : grad_input;
     if (kind_.residual) {
@@ -333,8 +336,8 @@ struct NormBackward : public torch::autograd::Node {
                   : same_as_input            ? result[0]
                                              : grad_input.to(residual_type_);
     }
-    if (weight.defined()) result[2] = grad_weight.view_symint(weight.sym_sizes());
-    if (bias.defined()) result[3] = grad_bias.view_symint(bias.sym_sizes());
+    if (weight_grad) result[2] = grad_weight.view_symint(weight.sym_sizes());
+    if (bias_grad) result[3] = grad_bias.view_symint(bias.sym_sizes());
     return result;
   }
 

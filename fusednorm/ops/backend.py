@@ -19,10 +19,12 @@ def _norm_fwd_fake(input, residual, weight, bias, eps, centered, sum_dtype=None,
 
 @register_fake("norm_bwd")
 def _norm_bwd_fake(grad_out, grad_sum, input, mean, rstd, weight, bias, centered, x_dtype=None,
-                   dropout_p=0.0, rowscale=None, rng_state=None):
+                   dropout_p=0.0, rowscale=None, rng_state=None, param_grads=(True, True)):
     cols = input.shape[1]
-    grad_weight = weight.new_empty((cols,)) if weight is not None else input.new_empty((0,))
-    grad_bias = bias.new_empty((cols,)) if bias is not None else input.new_empty((0,))
+    want_weight, want_bias = param_grads
+    grad_weight = (weight.new_empty((cols,)) if weight is not None and want_weight
+                   else input.new_empty((0,)))
+    grad_bias = bias.new_empty((cols,)) if bias is not None and want_bias else input.new_empty((0,))
     grad_x = torch.empty_like(grad_out) if x_dtype is not None else input.new_empty((0,))
     return torch.empty_like(input), grad_weight, grad_bias, grad_x
 

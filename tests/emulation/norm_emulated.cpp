@@ -10,7 +10,8 @@
 //   largest  T  P        (prints the tables' largest rows: largest_rows below)
 //
 // T: f32 f64 f16 bf16; P: the parameter dtype (T, or f32 beside f16/bf16); affine: wb (weight
-// and bias), w, b or none; x_misalign / p_misalign: bytes added to the 256-aligned starts of
+// and bias), w, b or none, or (backward) F / Fb: a frozen weight, whose gradient is not
+// asked for (a null dweight), alone or beside a bias; x_misalign / p_misalign: bytes added to the 256-aligned starts of
 // x and dy / of weight and bias (a misaligned view); order: asc, desc or shuffle (the order
 // the fibers of a block and the blocks run in); sm_count: the multiprocessors the launchers
 // size their grids for (default 2; each is told 2 resident blocks, lone: 1, as a bucket of
@@ -341,8 +342,11 @@ template <typename T, typename P, typename IO = T>
 std::string run_bwd(const Case& c) {
   using acc_t = acc_type_t<T>;
   const Data d = make_data<T, P, IO>(c);
-  const bool has_w = c.affine == "wb" || c.affine == "w";
-  const bool has_b = c.affine == "wb" || c.affine == "b";
+  // F / Fb: a frozen weight (dy scaled by it, dweight not asked for), with a bias in Fb.
+  const bool frozen_w = c.affine == "F" || c.affine == "Fb";
+  const bool has_w = c.affine == "wb" || c.affine == "w" || frozen_w;
+  const bool has_b = c.affine == "wb" || c.affine == "b" || c.affine == "Fb";
+  const bool want_w = has_w && !frozen_w;
   // mean and rstd as the forward saves them (acc_t), from statistics in long double. The
   // reference normalizes with the unrounded mean (ref_mu), as the forward does (its rest).
   std::vector<double> mu(std::size_t(c.M)), rs(std::size_t(c.M));
@@ -367,7 +371,7 @@ std::string run_bwd(const Case& c) {
   Buffer dw = Buffer::make(std::size_t(c.N) * sizeof(P)), db = Buffer::make(std::size_t(c.N) * sizeof(P));
   NormBwdArgs<T, P, IO> a{dy.as<IO>(), x.as<T>(), c.centered ? mean.as<acc_t>() : nullptr,
                       rstd.as<acc_t>(), has_w ? w.as<P>() : nullptr, dx.as<T>(),
-                      has_w ? dw.as<P>() : nullptr, has_b ? db.as<P>() : nullptr, c.M, c.N,
+                      want_w ? dw.as<P>() : nullptr, has_b ? db.as<P>() : nullptr, c.M, c.N,
                       c.residual ? gsum.as<T>() : nullptr};
   // xgrad: the input gradient, placed like dy; (seed, offset) read from rng_state.
   const Key key = make_key(c);
@@ -425,7 +429,7 @@ std::string run_bwd(const Case& c) {
   const double tol = acc_tolerance<T>();
   std::string why;
   if (compare<T>("dx", dx, ref_dx, [&](std::size_t i) { return 2 * unit_roundoff<T>() * std::abs(ref_dx[i]) + subnormal_step<T>() + tol * dx_scale[i]; }, why)) return why;
-  if (has_w && compare<P>("dweight", dw, ref_dw, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_dw[j]) + subnormal_step<P>() + tol * dw_scale[j]; }, why)) return why;
+  if (want_w && compare<P>("dweight", dw, ref_dw, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_dw[j]) + subnormal_step<P>() + tol * dw_scale[j]; }, why)) return why;
   if (has_b && compare<P>("dbias", db, ref_db, [&](std::size_t j) { return 2 * unit_roundoff<P>() * std::abs(ref_db[j]) + subnormal_step<P>() + tol * db_scale[j]; }, why)) return why;
   if (c.xgrad) {
     // The host's value of dropout_scale's rule on the dx the kernels wrote: exact.
@@ -612,7 +616,8 @@ int main() {
       // the float residual's.
       c.s_misalign = c.narrow ? (c.x_misalign * 2 + (moved ? 4 : 0)) % 16 : c.r_misalign;
     }
-    const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b");
+    const bool rms_bias = !c.centered && (c.affine == "wb" || c.affine == "b" || c.affine == "Fb");
+    const bool frozen_fwd = c.pass != "bwd" && (c.affine == "F" || c.affine == "Fb");
     const bool bad_outlier = ((c.outlier || c.outliers) &&
                               (!c.centered || c.N < 3 || c.pass != "fwd")) ||
                              (c.outlier && c.outliers) ||
@@ -630,7 +635,7 @@ int main() {
     emu::config().clusters = clusters;
     emu::config().resident_clusters = resident_clusters;
     emu::config().blocks_per_sm = lone ? 1 : 2;
-    if (!parsed || sms < 1 || rms_bias || bad_outlier) {
+    if (!parsed || sms < 1 || rms_bias || frozen_fwd || bad_outlier) {
       std::cout << "FAIL " << line << ": cannot parse" << std::endl;
       ++failed;
       continue;
