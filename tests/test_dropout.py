@@ -257,6 +257,41 @@ def test_determinism_under_manual_seed(device):
     assert state == [int(v) for v in _torch_ops("layer_norm", x, r, dropout_p=0.3)[-1].cpu()]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+@pytest.mark.parametrize("rows, n", [(1, 70), (4099, 40), (97, 1000)])
+def test_outputs_and_gradients_bitwise_across_thread_counts(kind, dtype, rows, n):
+    """README's determinism claim for the add ops with every option at once (dropout,
+    rowscale, a float32 sum): one seed gives bitwise the same outputs and gradients of
+    input, residual, weight and bias for 1, 2 and 3 CPU threads (3 on fewer cores: chunks
+    taken in a varying order), rows not a multiple of a block included."""
+    x = random_input((rows, n), dtype, "cpu", seed=1)
+    r = random_input((rows, n), dtype, "cpu", seed=2)
+    w = random_input((n,), F32, "cpu", seed=3)
+    b = random_input((n,), F32, "cpu", seed=4) if kind == "layer_norm" else None
+    rowscale = random_input((rows,), dtype, "cpu", scale=0.2, shift=1.0, seed=5)
+    dy = random_input((rows, n), dtype, "cpu", scale=1.0, shift=0.0, seed=6)
+    leaves = [t for t in (x, r, w, b) if t is not None]
+    results = []
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            torch.manual_seed(5)
+            inputs = [t.clone().requires_grad_() for t in leaves]
+            xs, rs, ws = inputs[:3]
+            bs = inputs[3] if b is not None else None
+            y, s = _call(kind, xs, rs, ws, bs, residual_dtype=F32, dropout_p=0.3,
+                         rowscale=rowscale)
+            grads = torch.autograd.grad((y, s), inputs, (dy, dy.to(s.dtype)))
+            results.append([y, s, *grads])
+    finally:
+        torch.set_num_threads(old)
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_activation_checkpointing_recomputes_the_same_mask(device, use_reentrant):
