@@ -4,13 +4,16 @@
 
 Each argument is a run directory (holding metrics.json) or a metrics.json file. Beside
 the PNG it writes comparison.json (max |loss difference| of every run against the first,
-tokens/s, peak memory) and comparison.md (the same as a Markdown table), and prints the
-table.
+tokens/s, peak memory, the runs' device, torch, commit and date) and comparison.md (the same
+as a Markdown table), and prints the table. Runs whose configuration differs beyond the
+norm (seed, dtype, model size, steps, ...) are named in both and on stderr: their loss
+difference is not the kernels' rounding.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -76,6 +79,18 @@ def plot_runs(runs: list[dict], path: Path, title: str | None = None) -> Path:
     return path
 
 
+def config_differences(runs: list[dict]) -> dict:
+    """{key: [each run's value]} for every config entry (and the device) on which the runs
+    differ: a comparison of the norms is like for like only when this is empty."""
+    def settings(run: dict) -> dict:
+        return {**run.get("config", {}), "device": run.get("device")}
+
+    all_settings = [settings(run) for run in runs]
+    keys = sorted(set().union(*all_settings), key=str)
+    return {key: [s.get(key) for s in all_settings] for key in keys
+            if any(s.get(key) != all_settings[0].get(key) for s in all_settings)}
+
+
 def summarize(runs: list[dict]) -> dict:
     """Per run: label, final loss, val loss, tokens/s, peak memory, and the max |loss
     difference| from the first run."""
@@ -97,11 +112,17 @@ def summarize(runs: list[dict]) -> dict:
         ],
         "device": runs[0].get("device"),
         "torch": runs[0].get("torch"),
+        "commit": runs[0].get("commit"),
+        "date": runs[0].get("date"),
+        "config_differences": config_differences(runs),
     }
 
 
 def markdown_table(summary: dict) -> str:
     lines = [
+        f"{summary.get('device')}, torch {summary.get('torch')}, commit "
+        f"`{summary.get('commit')}`, {summary.get('date')} (the first run's)",
+        "",
         "| run | steps | first loss | final loss | val loss | tokens/s | peak mem (MB) "
         "| max abs loss diff vs first |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -113,7 +134,16 @@ def markdown_table(summary: dict) -> str:
             f"| {run['final_loss']:.4f} | {val} | {run['tokens_per_s']:.0f} "
             f"| {run['peak_mem_mb']:.0f} | {run['max_abs_loss_diff_vs_first']:.2e} |"
         )
+    differences = summary.get("config_differences")
+    if differences:
+        lines += ["", "The runs differ beyond the norm, so their loss difference is not only "
+                  "the kernels' rounding: " + difference_text(differences) + "."]
     return "\n".join(lines) + "\n"
+
+
+def difference_text(differences: dict) -> str:
+    return "; ".join(f"{key} {' / '.join(map(str, values))}"
+                     for key, values in differences.items())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -126,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
     plot_runs(runs, args.out, args.title)
     summary = summarize(runs)
     table = markdown_table(summary)
+    if summary["config_differences"]:
+        print("compare_runs: the runs differ beyond the norm: "
+              + difference_text(summary["config_differences"]), file=sys.stderr)
     args.out.with_name("comparison.json").write_text(json.dumps(summary, indent=1) + "\n")
     args.out.with_name("comparison.md").write_text(table)
     print(table, end="")

@@ -38,6 +38,8 @@ from gpt_model import GPTConfig, build_model
 from stdlib_corpus import ByteCorpus, stdlib_docstrings
 
 _EXAMPLES_DIR = Path(__file__).resolve().parent
+_REPO = _EXAMPLES_DIR.parent
+_CPUINFO = Path("/proc/cpuinfo")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -170,8 +172,17 @@ class Parallel:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model ('AMD EPYC ...'; platform.processor() says only
+    'x86_64' on Linux)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    try:
+        for line in _CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
     return platform.processor() or platform.machine() or "cpu"
 
 
@@ -185,17 +196,29 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
 
 
-def git_commit() -> str | None:
+# What a run's code is made of: a change here (tracked or untracked, ignored build outputs
+# aside) marks the commit stamp "-dirty"; run folders and examples/results do not count.
+_SOURCES = ("fusednorm", "csrc", "setup.py", "examples", ":(exclude)examples/results")
+
+
+def git_commit(repo: Path = _REPO) -> str | None:
+    """HEAD's sha, with "-dirty" when the sources differ from it (as the benchmarks' stamp);
+    None outside git."""
     # FUSEDNORM_COMMIT names the sources when their .git is not theirs (a copy sent to a GPU
     # machine carried an older one), as for the benchmarks' stamp.
     if os.environ.get("FUSEDNORM_COMMIT"):
         return os.environ["FUSEDNORM_COMMIT"]
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_EXAMPLES_DIR,
-                                capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo,
+                              capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--", *_SOURCES], cwd=repo,
+                                capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return result.stdout.strip() or None
+    sha = head.stdout.strip()
+    if head.returncode or not sha:
+        return None
+    return sha + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
 
 
 @torch.no_grad()

@@ -208,3 +208,78 @@ def test_torchrun_two_processes_give_the_losses_of_one(short_run, tmp_path, para
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["parallel"]["processes"] == 2
     assert metrics["losses"] == pytest.approx(short_run["losses"], abs=1e-5)
+
+
+def _train_gpt_module():
+    sys.path.insert(0, str(EXAMPLES_DIR))
+    import train_gpt
+
+    return train_gpt
+
+
+def test_cpu_device_name_is_the_processor_model(monkeypatch, tmp_path):
+    """The results name the CPU's model (as the benchmarks' stamp does), not just
+    platform.machine()'s 'x86_64'."""
+    train_gpt = _train_gpt_module()
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                       "model name\t: AMD EPYC 9999 64-Core Processor\nflags\t: fpu\n")
+    monkeypatch.setattr(train_gpt, "_CPUINFO", cpuinfo, raising=False)
+    assert train_gpt.device_name(torch.device("cpu")) == "AMD EPYC 9999 64-Core Processor"
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_commit_stamp_says_dirty_when_the_sources_differ(monkeypatch, tmp_path):
+    """A run from edited sources is not stamped with the clean commit; run folders and the
+    examples' results (which the scripts write) do not count as edits."""
+    monkeypatch.delenv("FUSEDNORM_COMMIT", raising=False)
+    train_gpt = _train_gpt_module()
+    repo = tmp_path / "clone"
+    (repo / "fusednorm").mkdir(parents=True)
+    (repo / "examples" / "results").mkdir(parents=True)
+    (repo / "fusednorm" / "modules.py").write_text("x = 1\n")
+    (repo / "examples" / "results" / "speed.md").write_text("old\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "init")
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    (repo / "runs" / "fused").mkdir(parents=True)
+    (repo / "runs" / "fused" / "metrics.json").write_text("{}\n")
+    (repo / "examples" / "results" / "speed.md").write_text("new\n")
+    assert train_gpt.git_commit(repo) == sha
+    (repo / "fusednorm" / "modules.py").write_text("x = 2\n")
+    assert train_gpt.git_commit(repo) == sha + "-dirty"
+
+
+def _fake_metrics(norm: str, **config) -> dict:
+    return {"norm": norm, "losses": [5.5, 4.0, 3.0], "tokens_per_s": 100.0,
+            "peak_mem_mb": 10.0, "device": "cpu model", "device_kind": "cpu",
+            "torch": torch.__version__, "commit": "abc", "date": "2026-01-01T00:00:00+00:00",
+            "config": {"n_layer": 2, "d_model": 32, "seed": 0, "amp": "fp32", "steps": 3,
+                       **config}}
+
+
+def test_compare_runs_stamps_and_flags_runs_that_differ_beyond_the_norm(tmp_path, capsys):
+    """comparison.json/.md carry the runs' commit and date, and a comparison of runs whose
+    configuration differs (seed, dtype, size) says so: its loss difference is no
+    kernel rounding."""
+    sys.path.insert(0, str(EXAMPLES_DIR))
+    import compare_runs
+
+    for name, metrics in {"torch": _fake_metrics("torch"),
+                          "fused": _fake_metrics("fused", seed=1)}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+    summary = compare_runs.main([str(tmp_path / "torch"), str(tmp_path / "fused"),
+                                 "--out", str(tmp_path / "loss_curves.png")])
+    assert summary["commit"] == "abc" and summary["date"].startswith("2026-01-01")
+    assert summary["config_differences"] == {"seed": [0, 1]}
+    md = (tmp_path / "comparison.md").read_text()
+    assert "seed" in md and "abc" in md
+    assert "seed" in capsys.readouterr().err
