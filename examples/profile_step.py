@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ def self_time_us(event, on_device: bool) -> float:
 
 
 def profile_norm(norm: str, warmup: int, steps: int, extra: list[str]) -> dict:
-    from train_gpt import Trainer, parse_args
+    from train_gpt import Trainer, device_name, parse_args
 
     trainer = Trainer(parse_args(["--norm", norm, "--steps", str(warmup + steps + 1),
                                   "--out", os.devnull, "--no-progress", *extra]))
@@ -60,6 +61,7 @@ def profile_norm(norm: str, warmup: int, steps: int, extra: list[str]) -> dict:
     busy_kind = "kernel" if on_device else "op"
     return {
         "norm": norm, "steps": steps, "device_kind": trainer.device.type,
+        "device": device_name(trainer.device),
         "wall_ms_per_step": 1e3 * wall / steps,
         "busy_ms_per_step": sum(r["self_us_per_step"] for r in rows
                                 if r["kind"] == busy_kind) / 1e3,
@@ -71,7 +73,7 @@ def profile_norm(norm: str, warmup: int, steps: int, extra: list[str]) -> dict:
 def markdown(results: list[dict], meta: dict) -> str:
     where = "device (CUDA kernels)" if results[0]["device_kind"] == "cuda" else "CPU operators"
     lines = [f"# Example GPT step profile, {meta['device']}", "",
-             f"torch {meta['torch']}, commit `{meta['commit']}`, train_gpt options "
+             f"torch {meta['torch']}, commit `{meta['commit']}`, {meta['date']}, train_gpt options "
              f"`{' '.join(meta['options'])}`; {meta['warmup']} warm-up steps, then "
              f"{results[0]['steps']} profiled. Self time per step on the {where}.", "",
              "| norm | wall ms/step | busy ms/step | kernel launches/step |", "|---|--:|--:|--:|"]
@@ -95,11 +97,11 @@ def main() -> None:
     for path in (str(HERE), str(REPO)):
         sys.path.insert(0, path)
     results = [profile_norm(norm, args.warmup, args.steps, extra) for norm in NORMS]
-    from train_gpt import device_name, git_commit
+    from train_gpt import git_commit
 
-    meta = {"device": device_name(torch.device("cuda" if "cuda" in extra else "cpu")),
-            "torch": torch.__version__, "options": extra,
-            "commit": git_commit(),
+    # The device the trainers ran on (whatever the spelling of --device in the options).
+    meta = {"device": results[0]["device"], "torch": torch.__version__, "options": extra,
+            "commit": git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "warmup": args.warmup}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.json").write_text(json.dumps({**meta, "results": results}, indent=1))

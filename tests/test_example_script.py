@@ -160,6 +160,8 @@ def test_profile_step(tmp_path):
     _run("profile_step.py", str(tmp_path), "--warmup", "2", "--steps", "2", "--device", "cpu",
          *TINY_ARGS)
     profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["commit"] and profile["date"] and profile["torch"] == torch.__version__
+    assert all(r["device"] == profile["device"] for r in profile["results"])
     results = {r["norm"]: r for r in profile["results"]}
     assert set(results) == {"torch", "fused"}
     for norm, r in results.items():
