@@ -251,6 +251,12 @@ class Trainer:
         self.config = GPTConfig(block_size=args.block_size, n_layer=args.n_layer,
                                 n_head=args.n_head, d_model=args.d_model, gelu=args.gelu)
         self.corpus = ByteCorpus(stdlib_docstrings(args.corpus_bytes))
+        shortest = min(len(self.corpus.train), len(self.corpus.val))  # val: the last tenth
+        if shortest <= args.block_size:
+            raise SystemExit(
+                f"train_gpt.py: error: --corpus-bytes {args.corpus_bytes} leaves "
+                f"{shortest} tokens for the held-out split, too few for --block-size "
+                f"{args.block_size}: give at least {10 * (args.block_size + 1) + 10} bytes")
         self.parallel = Parallel(args, self.device)
         self.model = self.parallel.parallelize(
             build_model(self.config, args.norm, args.seed, self.device))

@@ -285,3 +285,34 @@ def test_compare_runs_stamps_and_flags_runs_that_differ_beyond_the_norm(tmp_path
     md = (tmp_path / "comparison.md").read_text()
     assert "seed" in md and "abc" in md
     assert "seed" in capsys.readouterr().err
+
+
+def test_run_comparison_writes_a_relative_out_dir_where_it_was_called(tmp_path):
+    """bash examples/run_comparison.sh OUT_DIR from any folder: OUT_DIR is relative to
+    that folder (not to the checkout, where the script changes to)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHON"] = sys.executable
+    result = subprocess.run(
+        ["bash", str(EXAMPLES_DIR / "run_comparison.sh"), "runs", "--steps", "2",
+         "--device", "cpu", *TINY_ARGS], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs" / "comparison.md").is_file()
+    assert (tmp_path / "runs" / "torch" / "metrics.json").is_file()
+    assert not (REPO_ROOT / "runs" / "comparison.md").exists() or (REPO_ROOT / "runs").samefile(
+        tmp_path / "runs")
+
+
+def test_a_corpus_too_small_for_the_context_stops_before_training(tmp_path):
+    """--corpus-bytes too small for --block-size: a usage error up front, not a ValueError
+    from the evaluation after every step has run."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES_DIR / "train_gpt.py"), "--norm", "torch", "--steps", "2",
+         "--out", str(tmp_path / "run"), "--corpus-bytes", "1000", "--block-size", "128",
+         "--n-layer", "1", "--d-model", "16", "--n-head", "2", "--batch-size", "2",
+         "--no-progress"], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "--corpus-bytes" in result.stderr and "Traceback" not in result.stderr, result.stderr
