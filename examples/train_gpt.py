@@ -221,6 +221,14 @@ def git_commit(repo: Path = _REPO) -> str | None:
     return sha + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
 
 
+def fusednorm_build() -> dict | None:
+    """fusednorm.build_info() where fusednorm was imported (--norm fused), else None."""
+    module = sys.modules.get("fusednorm")
+    if module is None or not hasattr(module, "build_info"):
+        return None
+    return module.build_info()
+
+
 @torch.no_grad()
 def evaluate(model, corpus: ByteCorpus, config: GPTConfig, batch_size: int, device,
              autocast, seed: int, batches: int = 8) -> float:
@@ -347,6 +355,8 @@ class Trainer:
             "commit": git_commit(),
             # Where fusednorm came from (None when it was not imported: --norm torch).
             "fusednorm_file": getattr(sys.modules.get("fusednorm"), "__file__", None),
+            # Its version and build: CPU SIMD level, CUDA archs, a load error (reference path).
+            "fusednorm_build": fusednorm_build(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 

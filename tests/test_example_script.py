@@ -316,3 +316,14 @@ def test_a_corpus_too_small_for_the_context_stops_before_training(tmp_path):
          "--no-progress"], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
     assert "--corpus-bytes" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_fused_metrics_name_the_fusednorm_build(tmp_path):
+    """A fused run's metrics.json says which fusednorm ran: its version and build (SIMD level,
+    CUDA archs, a load error that left only the reference path)."""
+    import fusednorm
+
+    metrics = train(tmp_path, "fused", "--steps", "2")
+    build = metrics["fusednorm_build"]
+    assert build["fusednorm"] == fusednorm.build_info()["fusednorm"]
+    assert build["cpu_capability"] == fusednorm.build_info()["cpu_capability"]
