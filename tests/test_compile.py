@@ -136,6 +136,78 @@ def test_compiled_graphs_call_the_fused_ops(device):
     assert "native_layer_norm" not in fw + bw
 
 
+def _eager_forwards(device):
+    """name -> (forward over (x, r, w, b, w1, w2) giving the tensors the loss takes, which of
+    those require grad): every backward node, the add ops with dropout, a float32 sum and a
+    frozen bias."""
+    def ffn(x, r, w, b, w1, w2):
+        return (fusednorm.gelu_ffn(x, w1, None, w2, None, approximate="tanh"),)
+    return {
+        "layer_norm": (lambda x, r, w, b, w1, w2: (fusednorm.layer_norm(x, (16,), w, b),), "xwb"),
+        "rms_norm": (lambda x, r, w, b, w1, w2: (fusednorm.rms_norm(x, (16,), w),), "xw"),
+        "layer_norm_frozen_bias": (
+            lambda x, r, w, b, w1, w2: (fusednorm.layer_norm(x, (16,), w, b),), "xw"),
+        "add_layer_norm_dropout": (
+            lambda x, r, w, b, w1, w2: fusednorm.add_layer_norm(x, r, (16,), w, b, dropout_p=0.25),
+            "xrwb"),
+        "add_rms_norm_float32_sum": (
+            lambda x, r, w, b, w1, w2: fusednorm.add_rms_norm(
+                x.bfloat16(), r, (16,), w, residual_dtype=torch.float32), "xrw"),
+        "add_layer_norm_sum_alone": (
+            lambda x, r, w, b, w1, w2: fusednorm.add_layer_norm(x, r, (16,), w, b)[1:], "xrwb"),
+        "gelu_ffn": (ffn, "x12"),
+        "layer_norm_gelu_ffn": (
+            lambda x, r, w, b, w1, w2: (fusednorm.functional.layer_norm_gelu_ffn(
+                x, w, b, 1e-5, w1, None, w2, None),), "xwb12"),
+    }
+
+
+@pytest.mark.skipif(torch.__version__ < "2.14",
+                    reason="fusednorm's backward nodes take part in compiled autograd from "
+                           "PyTorch 2.14")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(_eager_forwards("cpu")))
+def test_compiled_autograd_over_an_eager_forward(device, name):
+    """torch._dynamo.compiled_autograd over an eager forward traces fusednorm's backward
+    nodes into its graph as their fused backward ops (not the create_graph formulas), and
+    every gradient is the eager backward's."""
+    from torch._dynamo import compiled_autograd
+
+    forward, trainable = _eager_forwards(device)[name]
+    leaves = {
+        "x": random_input((5, 16), torch.float32, device),
+        "r": random_input((5, 16), torch.float32, device, seed=1),
+        "w": random_input((16,), torch.float32, device, seed=2),
+        "b": random_input((16,), torch.float32, device, seed=3),
+        "1": random_input((24, 16), torch.float32, device, seed=4),
+        "2": random_input((16, 24), torch.float32, device, seed=5),
+    }
+
+    def grads():
+        torch.manual_seed(0)  # (the same dropout mask in both runs)
+        inputs = {k: t.clone().requires_grad_(k in trainable) for k, t in leaves.items()}
+        outs = forward(*inputs.values())
+        loss = sum((o.float() * random_input(o.shape, torch.float32, device, seed=6 + i)).sum()
+                   for i, o in enumerate(outs))
+        loss.backward()
+        return {k: t.grad for k, t in inputs.items()}
+
+    expected = grads()
+    torch._dynamo.reset()
+    backend = RecordingBackend()
+    with compiled_autograd._enable(lambda gm: torch.compile(gm, backend=backend, fullgraph=True)):
+        got = grads()
+    assert backend.fw_graphs, "the backward did not run through compiled autograd"
+    graphs = "\n".join(g.code for g in backend.fw_graphs)
+    if name != "add_layer_norm_sum_alone":  # (which takes the sum's gradient alone: ATen ops)
+        assert "fusednorm.norm_bwd" in graphs or "fusednorm.gelu_ffn_bwd" in graphs, graphs
+    for k in leaves:
+        if expected[k] is None:
+            assert got[k] is None, k
+        else:
+            torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
+
+
 def test_autocast_cpu_leaves_layer_norm_alone():
     """Like torch.nn.functional.layer_norm, CPU autocast does not cast: the output has the
     input's dtype, float32 parameters included."""

@@ -7,7 +7,11 @@
 #include <torch/autograd.h>
 #include <torch/version.h>
 
+#include "common/compiled_autograd.h"
+
 #include <initializer_list>
+#include <mutex>
+#include <string>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -142,14 +146,56 @@ struct SavedListNode : public torch::autograd::Node {
   void release_variables() override {
     for (auto& s : saved_) s.reset_data();
   }
-  // Whether the backward is asked for any of the gradients [begin, end) (of the inputs in
-  // next-edge order).
-  bool needs_any_output(size_t begin, size_t end) const {
-    for (size_t i = begin; i < end; ++i) {
-      if (task_should_compute_output(i)) return true;
-    }
-    return false;
+  // Which of the gradients (of the inputs, in next-edge order) the backward is asked for.
+  std::vector<bool> wanted_outputs() const {
+    std::vector<bool> wanted(num_outputs());
+    for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = task_should_compute_output(i);
+    return wanted;
   }
 };
+
+// Whether any of the gradients [begin, end) is wanted (SavedListNode::wanted_outputs).
+inline bool any_wanted(const std::vector<bool>& wanted, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    if (wanted[i]) return true;
+  }
+  return false;
+}
+
+#if FUSEDNORM_COMPILED_AUTOGRAD
+// A SavedListNode's apply_with_saved: one call of fn (common/compiled_autograd.h) on its
+// saved tensors, then `constants`, then wanted_outputs() (unpack_functional reads them back).
+inline variable_list call_saved_list_functional(SavedListNode& node,
+                                                SwapSavedVariables& saved,
+                                                const variable_list& grads,
+                                                const std::string& name, std::once_flag& bound,
+                                                const torch::autograd::functional_apply_t& fn,
+                                                std::initializer_list<at::IValue> constants) {
+  saved.before(node.saved_);
+  torch::autograd::ivalue_list args;
+  for (const auto& s : node.saved_) args.emplace_back(s.unpack());
+  for (const at::IValue& c : constants) args.push_back(c);
+  args.emplace_back(node.wanted_outputs());
+  variable_list result = call_functional(saved, name, bound, fn, grads, args, node.next_edges());
+  saved.after(node.saved_);
+  return result;
+}
+
+// A SavedListNode's packed arguments: its `count` saved tensors, its constants, the wanted
+// gradients.
+struct FunctionalArgs {
+  variable_list saved;
+  std::vector<at::IValue> constants;
+  std::vector<bool> wanted;
+};
+
+inline FunctionalArgs unpack_functional(const torch::autograd::ivalue_list& args, size_t count) {
+  FunctionalArgs out;
+  for (size_t i = 0; i < count; ++i) out.saved.push_back(args[i].toTensor());
+  out.constants.assign(args.begin() + count, args.end() - 1);
+  out.wanted = args.back().toBoolList().vec();
+  return out;
+}
+#endif
 
 }  // namespace fusednorm

@@ -54,22 +54,28 @@ struct GeluFFNBackward : public SavedListNode {
   std::string name() const override { return "fusednorm.gelu_ffnBackward"; }
 
   variable_list apply(variable_list&& grads) override {
-    const variable_list s = unpack_saved();
+    return backward(unpack_saved(), grads, approximate_, wanted_outputs());
+  }
+
+  // The gradients from the saved tensors s (as saved) and grads; wanted: wanted_outputs().
+  static variable_list backward(const variable_list& s, const variable_list& grads,
+                                const std::string& approximate,
+                                const std::vector<bool>& wanted) {
     const at::Tensor &input = s[0], &weight1 = s[1], &bias1 = s[2], &weight2 = s[3],
                      &bias2 = s[4], &hidden = s[5];
     const at::Tensor& grad_out = grads[0];
     if (!grad_out.defined()) return variable_list(5);
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
-      return formulas::ffn_backward(input, weight1, bias1, weight2, bias2,
-                                             approximate_, grad_out);
+      return formulas::ffn_backward(input, weight1, bias1, weight2, bias2, approximate,
+                                    grad_out);
     }
 
-    if (!needs_any_output(1, 5)) {
+    if (!any_wanted(wanted, 1, 5)) {
       // Frozen weights and biases (fine-tuning around them): dx alone, not the kernel that
       // also forms dW1 and dW2.
       return {shaped_like(formulas::ffn_input_grad(as_rows(grad_out, 1), weight1, weight2,
-                                                   hidden, approximate_),
+                                                   hidden, approximate),
                           input.sym_sizes()),
               {}, {}, {}, {}};
     }
@@ -77,11 +83,32 @@ struct GeluFFNBackward : public SavedListNode {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [grad_input, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
         as_rows(grad_out, 1), as_rows(input, 1), hidden, weight1.contiguous(),
-        weight2.contiguous(), bias1.defined(), bias2.defined(), approximate_);
+        weight2.contiguous(), bias1.defined(), bias2.defined(), approximate);
     return {shaped_like(grad_input, input.sym_sizes()), grad_w1,
             bias1.defined() ? grad_b1 : at::Tensor(), grad_w2,
             bias2.defined() ? grad_b2 : at::Tensor()};
   }
+
+#if FUSEDNORM_COMPILED_AUTOGRAD
+  // Compiled autograd (common/compiled_autograd.h).
+  void compiled_args(CompiledNodeArgs& args) const override {
+    args.collect(saved_, false);
+    args.collect(approximate_);
+  }
+
+  variable_list apply_with_saved(const variable_list& grads,
+                                 SwapSavedVariables& saved) override {
+    static std::once_flag bound;
+    return call_saved_list_functional(*this, saved, grads, "fusednorm_gelu_ffn_backward", bound,
+                                      &functional, {approximate_});
+  }
+
+  static variable_list functional(const variable_list& grads,
+                                  const torch::autograd::ivalue_list& args) {
+    const FunctionalArgs a = unpack_functional(args, 6);
+    return backward(a.saved, grads, a.constants[0].toStringRef(), a.wanted);
+  }
+#endif
 };
 
 Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,

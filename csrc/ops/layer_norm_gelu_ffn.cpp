@@ -70,7 +70,13 @@ struct BlockBackward : public SavedListNode {
   std::string name() const override { return "fusednorm.layer_norm_gelu_ffnBackward"; }
 
   variable_list apply(variable_list&& grads) override {
-    const variable_list s = unpack_saved();
+    return backward(unpack_saved(), grads, eps_, approximate_, wanted_outputs());
+  }
+
+  // The gradients from the saved tensors s (as saved) and grads; wanted: wanted_outputs().
+  static variable_list backward(const variable_list& s, const variable_list& grads, double eps,
+                                const std::string& approximate,
+                                const std::vector<bool>& wanted) {
     const at::Tensor &input = s[0], &ln_weight = s[1], &ln_bias = s[2], &weight1 = s[3],
                      &bias1 = s[4], &weight2 = s[5], &bias2 = s[6], &mean = s[7], &rstd = s[8],
                      &hidden = s[9];
@@ -80,11 +86,11 @@ struct BlockBackward : public SavedListNode {
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
       // out = x + ffn(normed), normed = layer_norm(x): the FFN's formula, then the norm's.
       const at::Tensor normed =
-          formulas::norm_forward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps_);
+          formulas::norm_forward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps);
       const auto ffn = formulas::ffn_backward(normed, weight1, bias1, weight2, bias2,
-                                                       approximate_, grad_out);
+                                              approximate, grad_out);
       const auto norm =
-          formulas::norm_backward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps_, ffn[0],
+          formulas::norm_backward(/*centered=*/true, input, 1, ln_weight, ln_bias, eps, ffn[0],
                                   at::Tensor(), input.scalar_type(), std::nullopt);
       return {norm[0] + grad_out, norm[2], norm[3], ffn[1], ffn[2], ffn[3], ffn[4]};
     }
@@ -95,17 +101,17 @@ struct BlockBackward : public SavedListNode {
     const at::Tensor grad_rows = as_rows(grad_out, 1);
     const auto ln_w = contiguous_or_none(ln_weight), ln_b = contiguous_or_none(ln_bias);
     at::Tensor grad_normed, grad_w1, grad_b1, grad_w2, grad_b2;
-    if (needs_any_output(3, 7)) {
+    if (any_wanted(wanted, 3, 7)) {
       at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
       std::tie(grad_normed, grad_w1, grad_b1, grad_w2, grad_b2) = row_ops::gelu_ffn_bwd().call(
           grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(),
-          bias1.defined(), bias2.defined(), approximate_);
+          bias1.defined(), bias2.defined(), approximate);
     } else {  // a frozen FFN: its input's gradient alone, without the LayerNorm output
-      grad_normed = formulas::ffn_input_grad(grad_rows, weight1, weight2, hidden, approximate_);
+      grad_normed = formulas::ffn_input_grad(grad_rows, weight1, weight2, hidden, approximate);
     }
     // A frozen LayerNorm weight or bias gets no column sums (see NormBackward).
-    const bool ln_weight_grad = ln_weight.defined() && task_should_compute_output(1);
-    const bool ln_bias_grad = ln_bias.defined() && task_should_compute_output(2);
+    const bool ln_weight_grad = ln_weight.defined() && wanted[1];
+    const bool ln_bias_grad = ln_bias.defined() && wanted[2];
     auto [grad_x, grad_ln_w, grad_ln_b, unused] = row_ops::norm_bwd().call(
         grad_normed, std::nullopt, x, mean, rstd, ln_w, ln_b, /*centered=*/true, std::nullopt,
         0.0, std::nullopt, std::nullopt, {ln_weight_grad, ln_bias_grad});
@@ -118,6 +124,29 @@ struct BlockBackward : public SavedListNode {
             grad_w2,
             bias2.defined() ? grad_b2 : at::Tensor()};  // undefined alike for a frozen FFN
   }
+
+#if FUSEDNORM_COMPILED_AUTOGRAD
+  // Compiled autograd (common/compiled_autograd.h).
+  void compiled_args(CompiledNodeArgs& args) const override {
+    args.collect(saved_, false);
+    args.collect(eps_);
+    args.collect(approximate_);
+  }
+
+  variable_list apply_with_saved(const variable_list& grads,
+                                 SwapSavedVariables& saved) override {
+    static std::once_flag bound;
+    return call_saved_list_functional(*this, saved, grads, "fusednorm_layer_norm_gelu_ffn_backward",
+                                      bound, &functional, {eps_, approximate_});
+  }
+
+  static variable_list functional(const variable_list& grads,
+                                  const torch::autograd::ivalue_list& args) {
+    const FunctionalArgs a = unpack_functional(args, 10);
+    return backward(a.saved, grads, a.constants[0].toDouble(), a.constants[1].toStringRef(),
+                    a.wanted);
+  }
+#endif
 };
 
 Result block_autograd(const at::Tensor& input, const OptTensor& ln_weight,

@@ -13,10 +13,14 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <array>
 #include <functional>
+#include <mutex>
+#include <string>
 #include <tuple>
 #include <utility>
 
+#include "common/compiled_autograd.h"
 #include "common/op_support.h"
 #include "common/public_checks.h"
 #include "ops/differentiable_formulas.h"
@@ -258,6 +262,7 @@ inline at::Tensor none_like(const at::Tensor& t) {
 // incoming gradients: out (and the sum with a residual), undefined where none flowed.
 struct NormBackward : public torch::autograd::Node {
   torch::autograd::SavedVariable normed_input_;  // input, or the sum output (residual)
+  bool normed_input_is_output_ = false;          // the sum, differentiable: this node's output
   torch::autograd::SavedVariable weight_, bias_, mean_, rstd_;
   // The add ops' dropout / rowscale (inactive: none): the input's gradient is the sum's
   // times the forward's multipliers, its mask regenerated from rng_state.
@@ -271,30 +276,49 @@ struct NormBackward : public torch::autograd::Node {
   // the input's with residual_dtype, whose gradient is then rounded once to the input's.
   at::ScalarType input_type_ = at::kFloat, residual_type_ = at::kFloat, sum_type_ = at::kFloat;
 
+  // The saved tensors, unpacked (undefined where the backward does not read them).
+  struct Saved {
+    at::Tensor normed_input, weight, bias, mean, rstd, rowscale, rng_state;
+  };
+
   std::string name() const override {
     return std::string(kind_.name) + "Backward";
   }
 
   void release_variables() override {
-    for (auto* v : {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &rowscale_, &rng_state_}) {
-      v->reset_data();
-    }
+    for (auto* v : saved_variables()) v->reset_data();
   }
 
   variable_list apply(variable_list&& grads) override {
+    Saved s;
+    s.rowscale = rowscale_.unpack();
+    s.rng_state = rng_state_.unpack();
+    if (grads[0].defined()) {  // (the sum's gradient alone reads nothing else: sum_gradients)
+      s.normed_input = normed_input_.unpack(getptr());
+      s.weight = weight_.unpack();
+      s.bias = bias_.unpack();
+      s.mean = mean_.unpack();
+      s.rstd = rstd_.unpack();
+    }
+    // A frozen weight or bias (fine-tuning: LoRA, BitFit) gets no column sums.
+    return backward(grads, s, {task_should_compute_output(2), task_should_compute_output(3)});
+  }
+
+  // The gradients of input, residual, weight, bias from grads (out's, and the sum's with a
+  // residual) and the saved tensors; param_grads: whether weight's and bias's are wanted.
+  variable_list backward(const variable_list& grads, const Saved& s,
+                         std::array<bool, 2> param_grads) const {
     const at::Tensor& grad_out = grads[0];
     const at::Tensor grad_sum = kind_.residual ? grads[1] : at::Tensor();
-    const Dropout dropout{dropout_p_, dropout_active_ ? OptTensor(rowscale_.unpack()) : std::nullopt};
-    if (!grad_out.defined()) return sum_gradients(grad_sum, dropout);
-    const auto self = getptr();
-    const at::Tensor normed_input = normed_input_.unpack(self), weight = weight_.unpack(),
-                     bias = bias_.unpack(), mean = mean_.unpack(), rstd = rstd_.unpack();
+    const Dropout dropout{dropout_p_, dropout_active_ ? OptTensor(s.rowscale) : std::nullopt};
+    if (!grad_out.defined()) return sum_gradients(grad_sum, dropout, s.rng_state);
+    const at::Tensor &normed_input = s.normed_input, &weight = s.weight, &bias = s.bias;
     variable_list result(4);
 
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
       // From the sum output as saved (its grad_fn is this node), not input + residual again.
       const at::Tensor m = dropout_active_
-                               ? multipliers(normed_input, dims_, dropout, rng_state_.unpack())
+                               ? multipliers(normed_input, dims_, dropout, s.rng_state)
                                : at::Tensor();
       return formulas::norm_backward(
           kind_.centered, normed_input, dims_, weight, bias, eps_, grad_out, grad_sum,
@@ -302,9 +326,7 @@ struct NormBackward : public torch::autograd::Node {
     }
 
     const at::Tensor x = as_rows(normed_input, dims_);
-    const at::Tensor dy = grad_out.defined()
-                              ? as_rows(grad_out, dims_)
-                              : at::zeros_like(x, x.options().dtype(input_type_));  // sum alone
+    const at::Tensor dy = as_rows(grad_out, dims_);
     at::Tensor grad_input, grad_weight, grad_bias, grad_x;
     // Grad mode is off here: straight to the backend kernel. Through the Autograd key the
     // backend op (which has no autograd kernel) would take the boxed not-implemented
@@ -317,14 +339,13 @@ struct NormBackward : public torch::autograd::Node {
     // backend writes it as grad_x in the same pass over the rows (x_dtype asks for it).
     const bool own_input_grad = dropout_active_ || input_type_ != sum_type_;
     const double p = dropout_active_ ? dropout_p_ : 0.0;
-    // A frozen weight or bias (fine-tuning: LoRA, BitFit) gets no column sums.
-    const bool weight_grad = weight.defined() && task_should_compute_output(2);
-    const bool bias_grad = bias.defined() && task_should_compute_output(3);
+    const bool weight_grad = weight.defined() && param_grads[0];
+    const bool bias_grad = bias.defined() && param_grads[1];
     std::tie(grad_input, grad_weight, grad_bias, grad_x) = row_ops::norm_bwd().call(
-        dy, ds, x, mean, rstd, flat(weight), flat(bias), kind_.centered,
+        dy, ds, x, s.mean, s.rstd, flat(weight), flat(bias), kind_.centered,
         own_input_grad ? OptDtype(input_type_) : std::nullopt, p,
         dropout_active_ ? rowscale_rows(dropout.rowscale, normed_input) : std::nullopt,
-        p > 0.0 ? OptTensor(rng_state_.unpack()) : std::nullopt, {weight_grad, bias_grad});
+        p > 0.0 ? OptTensor(s.rng_state) : std::nullopt, {weight_grad, bias_grad});
     grad_input = shaped_like(grad_input, normed_input.sym_sizes());
     result[0] = own_input_grad ? shaped_like(grad_x, normed_input.sym_sizes()) : grad_input;
     if (kind_.residual) {
@@ -344,15 +365,91 @@ struct NormBackward : public torch::autograd::Node {
   // Only the sum's gradient flowed (out unused, or none at all): input and residual get
   // the sum's, weight and bias none, as under `s = x + r; norm(s)`, whose norm node never
   // runs then. Nothing saved is unpacked, so the sum may have been changed in place since.
-  variable_list sum_gradients(const at::Tensor& grad_sum, const Dropout& dropout) const {
+  variable_list sum_gradients(const at::Tensor& grad_sum, const Dropout& dropout,
+                              const at::Tensor& rng_state) const {
     variable_list result(4);
     if (!grad_sum.defined()) return result;
     result[0] = dropout_active_
-                    ? (grad_sum * multipliers(grad_sum, dims_, dropout, rng_state_.unpack()))
+                    ? (grad_sum * multipliers(grad_sum, dims_, dropout, rng_state))
                           .to(input_type_)
                     : grad_sum.to(input_type_);
     result[1] = grad_sum.to(residual_type_);
     return result;
+  }
+
+#if FUSEDNORM_COMPILED_AUTOGRAD
+  // Compiled autograd: what the graph depends on, and one call of `functional` on the saved
+  // tensors (its proxies) and the constants below, in the order functional unpacks them.
+  void compiled_args(CompiledNodeArgs& args) const override {
+    args.collect(normed_input_, normed_input_is_output_);
+    for (const auto* v : {&weight_, &bias_, &mean_, &rstd_, &rowscale_, &rng_state_}) {
+      args.collect(*v, false);
+    }
+    args.collect(dropout_active_);
+    args.collect(dropout_p_);
+    args.collect(std::string(kind_.name));
+    args.collect(kind_.centered);
+    args.collect(kind_.residual);
+    args.collect(dims_);
+    args.collect(eps_);
+    args.collect(input_type_);
+    args.collect(residual_type_);
+    args.collect(sum_type_);
+  }
+
+  variable_list apply_with_saved(const variable_list& grads,
+                                 SwapSavedVariables& saved) override {
+    for (auto* v : saved_variables()) saved.before(*v);
+    torch::autograd::ivalue_list args;
+    for (auto* v : saved_variables()) args.emplace_back(v->unpack());
+    args.emplace_back(dropout_active_);
+    args.emplace_back(dropout_p_);
+    args.emplace_back(std::string(kind_.name));
+    args.emplace_back(kind_.centered);
+    args.emplace_back(kind_.residual);
+    args.emplace_back(dims_);
+    args.emplace_back(eps_);
+    for (at::ScalarType t : {input_type_, residual_type_, sum_type_}) {
+      args.emplace_back(static_cast<int64_t>(t));
+    }
+    args.emplace_back(task_should_compute_output(2));
+    args.emplace_back(task_should_compute_output(3));
+    static std::once_flag bound;
+    variable_list result = call_functional(saved, "fusednorm_norm_backward", bound, &functional,
+                                           grads, args, next_edges());
+    for (auto* v : saved_variables()) saved.after(*v);
+    return result;
+  }
+
+  static variable_list functional(const variable_list& grads,
+                                  const torch::autograd::ivalue_list& args) {
+    NormBackward node;
+    Saved s;
+    size_t i = 0;
+    for (at::Tensor* t : {&s.normed_input, &s.weight, &s.bias, &s.mean, &s.rstd, &s.rowscale,
+                          &s.rng_state}) {
+      *t = args[i++].toTensor();
+    }
+    node.dropout_active_ = args[i++].toBool();
+    node.dropout_p_ = args[i++].toDouble();
+    const std::string name = args[i++].toStringRef();
+    node.kind_.name = name.c_str();
+    node.kind_.centered = args[i++].toBool();
+    node.kind_.residual = args[i++].toBool();
+    node.dims_ = args[i++].toInt();
+    node.eps_ = args[i++].toDouble();
+    for (at::ScalarType* t : {&node.input_type_, &node.residual_type_, &node.sum_type_}) {
+      *t = static_cast<at::ScalarType>(args[i++].toInt());
+    }
+    const bool weight_grad = args[i++].toBool();
+    const bool bias_grad = args[i++].toBool();
+    return node.backward(grads, s, {weight_grad, bias_grad});
+  }
+#endif
+
+ private:
+  std::array<torch::autograd::SavedVariable*, 7> saved_variables() {
+    return {&normed_input_, &weight_, &bias_, &mean_, &rstd_, &rowscale_, &rng_state_};
   }
 };
 
@@ -387,6 +484,7 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
   node->sum_type_ = kind.residual ? sum.scalar_type() : input.scalar_type();
   node->normed_input_ = kind.residual ? torch::autograd::SavedVariable(sum, sum_has_history)
                                       : torch::autograd::SavedVariable(input, false);
+  node->normed_input_is_output_ = kind.residual && sum_has_history;
   node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
   node->bias_ = torch::autograd::SavedVariable(defined_or_empty(bias), false);
   // RMSNorm has no mean: norm_bwd takes an empty tensor for it.
