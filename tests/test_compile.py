@@ -162,7 +162,7 @@ def _eager_forwards(device):
     }
 
 
-@pytest.mark.skipif(torch.__version__ < "2.14",
+@pytest.mark.skipif(torch.torch_version.TorchVersion(torch.__version__) < (2, 14),
                     reason="fusednorm's backward nodes take part in compiled autograd from "
                            "PyTorch 2.14")
 @pytest.mark.parametrize("device", DEVICES)
