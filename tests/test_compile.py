@@ -208,6 +208,38 @@ def test_compiled_autograd_over_an_eager_forward(device, name):
             torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.skipif(torch.torch_version.TorchVersion(torch.__version__) < (2, 14),
+                    reason="fusednorm's backward nodes take part in compiled autograd from "
+                           "PyTorch 2.14")
+def test_compiled_autograd_with_saved_tensor_hooks():
+    """Saved tensors packed by hooks (activation offloading's kind) are unpacked inside the
+    compiled backward graph; gradients equal eager's."""
+    from torch._dynamo import compiled_autograd
+
+    ln, lin = fusednorm.FusedLayerNorm(32), torch.nn.Linear(32, 32)
+    unpacked = []
+
+    def grads():
+        x = random_input((6, 32), torch.float32, "cpu").requires_grad_()
+        for p in (*ln.parameters(), *lin.parameters()):
+            p.grad = None
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 1,
+                                                      lambda t: unpacked.append(1) or t):
+            y = lin(ln(x))
+        y.square().sum().backward()
+        return [x.grad, ln.weight.grad, ln.bias.grad]
+
+    expected = grads()
+    unpacked.clear()
+    torch._dynamo.reset()
+    with compiled_autograd._enable(lambda gm: torch.compile(gm, backend="aot_eager",
+                                                            fullgraph=True)):
+        got = grads()
+    assert unpacked, "the unpack hooks did not run"
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_autocast_cpu_leaves_layer_norm_alone():
     """Like torch.nn.functional.layer_norm, CPU autocast does not cast: the output has the
     input's dtype, float32 parameters included."""
