@@ -150,13 +150,8 @@ def usable_providers(wanted, device: torch.device, notes: list[str]) -> list[str
 
 
 def run_providers(args: argparse.Namespace, device: torch.device) -> tuple[list[str], list[str]]:
-    """The providers run(args) times on device and the notes on those left out; SystemExit
-    where --save refuses them (cli.refuse_save)."""
-    notes: list[str] = []
-    wanted = cli.wanted_providers(args, PROVIDERS, device)
-    names = usable_providers(wanted, device, notes)
-    cli.refuse_save(args, SUITE, device, wanted, names, notes)
-    return names, notes
+    """The providers run(args) times on device, and the notes (cli.suite_providers)."""
+    return cli.suite_providers(args, device, SUITE, PROVIDERS, usable_providers)
 
 
 def check_save(args: argparse.Namespace) -> None:

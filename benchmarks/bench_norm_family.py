@@ -444,13 +444,10 @@ def draw(result: dict, path: Path, notes) -> None:
 
 def run_providers(suite: NormSuite, args: argparse.Namespace,
                   device: torch.device) -> tuple[list[str], list[str]]:
-    """The providers run(suite, args) times on device and the notes on those left out;
-    SystemExit where --save refuses them (cli.refuse_save)."""
-    notes: list[str] = []
-    wanted = cli.wanted_providers(args, suite.providers, device)
-    names = usable_providers(suite, wanted, device, notes)
-    cli.refuse_save(args, suite.SUITE, device, wanted, names, notes)
-    return names, notes
+    """The providers run(suite, args) times on device, and the notes (cli.suite_providers)."""
+    return cli.suite_providers(
+        args, device, suite.SUITE, suite.providers,
+        lambda wanted, device, notes: usable_providers(suite, wanted, device, notes))
 
 
 def run(suite: NormSuite, args: argparse.Namespace):

@@ -225,6 +225,18 @@ def refuse_save(args: argparse.Namespace, suite: str, device: torch.device,
         raise SystemExit(f"[{suite}] " + "; ".join(reasons))
 
 
+def suite_providers(args: argparse.Namespace, device: torch.device, suite: str,
+                    providers: Sequence[str], usable) -> tuple[list[str], list[str]]:
+    """The providers a suite times on device (those args asks for that usable(wanted,
+    device, notes) keeps) and the notes on those left out; SystemExit where --save refuses
+    them (refuse_save)."""
+    notes: list[str] = []
+    wanted = wanted_providers(args, providers, device)
+    names = usable(wanted, device, notes)
+    refuse_save(args, suite, device, wanted, names, notes)
+    return names, notes
+
+
 def check_save(args: argparse.Namespace, providers) -> None:
     """Every refusal of --save for a suite's run, with nothing timed or written: out_root's
     (the run's options, the build), then those of providers(args, device) (the suite's

@@ -379,22 +379,13 @@ struct NormBackward : public torch::autograd::Node {
 
 #if FUSEDNORM_COMPILED_AUTOGRAD
   // Compiled autograd: what the graph depends on, and one call of `functional` on the saved
-  // tensors (its proxies) and the constants below, in the order functional unpacks them.
+  // tensors (its proxies), the constants (visit_constants' order) and the wanted gradients.
   void compiled_args(CompiledNodeArgs& args) const override {
     args.collect(normed_input_, normed_input_is_output_);
     for (const auto* v : {&weight_, &bias_, &mean_, &rstd_, &rowscale_, &rng_state_}) {
       args.collect(*v, false);
     }
-    args.collect(dropout_active_);
-    args.collect(dropout_p_);
-    args.collect(std::string(kind_.name));
-    args.collect(kind_.centered);
-    args.collect(kind_.residual);
-    args.collect(dims_);
-    args.collect(eps_);
-    args.collect(input_type_);
-    args.collect(residual_type_);
-    args.collect(sum_type_);
+    visit_constants([&](const auto& c) { args.collect(c); });
   }
 
   variable_list apply_with_saved(const variable_list& grads,
@@ -402,16 +393,7 @@ struct NormBackward : public torch::autograd::Node {
     for (auto* v : saved_variables()) saved.before(*v);
     torch::autograd::ivalue_list args;
     for (auto* v : saved_variables()) args.emplace_back(v->unpack());
-    args.emplace_back(dropout_active_);
-    args.emplace_back(dropout_p_);
-    args.emplace_back(std::string(kind_.name));
-    args.emplace_back(kind_.centered);
-    args.emplace_back(kind_.residual);
-    args.emplace_back(dims_);
-    args.emplace_back(eps_);
-    for (at::ScalarType t : {input_type_, residual_type_, sum_type_}) {
-      args.emplace_back(static_cast<int64_t>(t));
-    }
+    visit_constants([&](const auto& c) { args.emplace_back(c); });
     args.emplace_back(task_should_compute_output(2));
     args.emplace_back(task_should_compute_output(3));
     static std::once_flag bound;
@@ -439,11 +421,26 @@ struct NormBackward : public torch::autograd::Node {
     node.dims_ = args[i++].toInt();
     node.eps_ = args[i++].toDouble();
     for (at::ScalarType* t : {&node.input_type_, &node.residual_type_, &node.sum_type_}) {
-      *t = static_cast<at::ScalarType>(args[i++].toInt());
+      *t = args[i++].toScalarType();
     }
     const bool weight_grad = args[i++].toBool();
     const bool bias_grad = args[i++].toBool();
     return node.backward(grads, s, {weight_grad, bias_grad});
+  }
+
+  // f(constant) for each constant the backward reads, in the order functional unpacks them.
+  template <class F>
+  void visit_constants(F&& f) const {
+    f(dropout_active_);
+    f(dropout_p_);
+    f(std::string(kind_.name));
+    f(kind_.centered);
+    f(kind_.residual);
+    f(dims_);
+    f(eps_);
+    f(input_type_);
+    f(residual_type_);
+    f(sum_type_);
   }
 #endif
 
