@@ -79,6 +79,17 @@ def check_save(args: argparse.Namespace) -> None:
                          + "\n".join(dict.fromkeys(refusals)))
 
 
+def failure_reason(suite: str, error: BaseException) -> str:
+    """Why suite failed, on one line: the exception's type and message; a SystemExit's
+    message alone, less its "[suite] " (the suite's own sentence: "cannot run: ...")."""
+    if isinstance(error, SystemExit):
+        if isinstance(error.code, str):
+            return " ".join(error.code.split()).removeprefix(f"[{suite}] ")
+        return f"exited with status {error.code or 0} before writing its results"
+    message = " ".join(str(error).split())  # one line: the summary lists a suite a line
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
 def where_note(folder: Path, out: Path) -> str:
     """The closing line: where the files are, and how to publish them."""
     if out == stamp.RESULTS_DIR:
@@ -109,20 +120,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"estimated {estimate / 60:.1f} min on {plan.COSTS['device']} (python -m "
               "benchmarks --plan shows the plan)", file=sys.stderr)
     deadline = cli.stop_at(args)  # one deadline for the whole run
-    failed, folders, not_started = [], [], []
+    failed: dict[str, str] = {}  # suite -> why it failed
+    folders, not_started = [], []
     for name in args.suites:
         if deadline is not None and time.monotonic() >= deadline:
             not_started.append(name)
             continue
         module = SUITES[name]
-        suite_args = suite_arguments(module, args)
-        suite_args.stop_at = deadline
         start = time.monotonic()
         try:
+            suite_args = suite_arguments(module, args)
+            suite_args.stop_at = deadline
             _, md, folder = module.run(suite_args)
-        except Exception:  # report, and still run the other suites
+        except Exception as error:  # a bug or a failed call: report, run the other suites
             traceback.print_exc()
-            failed.append(name)
+            failed[name] = failure_reason(name, error)
+        except SystemExit as error:
+            # Without --save a suite's own exit (overhead's refusal where fusednorm cannot
+            # run) loses only that suite. With --save it still ends the run, as it always
+            # has: check_save made every refusal before the first suite ran.
+            if args.save:
+                raise
+            failed[name] = failure_reason(name, error)
+        if name in failed:
+            print(f"[{name}] failed after {time.monotonic() - start:.0f} s: {failed[name]}",
+                  file=sys.stderr)
             continue
         print(md)
         print(f"[{name}] {time.monotonic() - start:.0f} s; results written to {folder}",
@@ -133,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     if not_started:
         print(f"not started (--stop-after): {', '.join(not_started)}", file=sys.stderr)
     if failed:
-        raise SystemExit(f"suite(s) failed: {', '.join(failed)}")
+        raise SystemExit(f"suite(s) failed: {', '.join(failed)}\n"
+                         + "\n".join(f"  [{name}] {why}" for name, why in failed.items()))
 
 
 if __name__ == "__main__":

@@ -331,6 +331,59 @@ def test_run_all_says_where_the_files_are():
     assert "saved to" in saved and str(stamp.RESULTS_DIR / "cpu-x") in saved
 
 
+def test_run_all_goes_on_after_a_failed_suite_and_names_it(tmp_path, monkeypatch, capsys,
+                                                            built_from_sources):
+    """python -m benchmarks without --save: a suite that exits (overhead's own refusal where
+    fusednorm cannot run) or raises loses only itself; the later suites still run, stderr
+    says which failed and why, and the run exits non-zero naming them. With --save a
+    suite's exit still ends the run (its refusals are checked before any suite runs)."""
+    from benchmarks import availability, bench_norm_family, bench_overhead
+
+    ran = []
+
+    def written(name):
+        def run(args):
+            ran.append(name)
+            return {}, f"# {name} table", tmp_path / "cpu-x"
+        return run
+
+    def broken(args):
+        ran.append("gelu_ffn")
+        raise RuntimeError("kernel failed\non a second line")
+
+    monkeypatch.setattr(availability, "fusednorm_skip_reason", lambda device, op, api: (
+        "no compiled cpu kernel for fusednorm::norm_fwd*" if op == "norm_fwd" else None))
+    monkeypatch.setattr(bench_overhead, "measure", lambda *a: pytest.fail("overhead timed"))
+    monkeypatch.setattr(bench_layer_norm, "run", written("layer_norm"))
+    monkeypatch.setattr(bench_gelu_ffn, "run", broken)
+    monkeypatch.setattr(bench_norm_family.SUITES["rms_norm"], "run", written("rms_norm"))
+    argv = ["--device", "cpu", "--cpu-memory", "fresh",
+            "--suites", "overhead,layer_norm,gelu_ffn,rms_norm"]
+    with pytest.raises(SystemExit) as failure:
+        run_all.main([*argv, "--out", str(tmp_path)])
+    assert ran == ["layer_norm", "gelu_ffn", "rms_norm"]
+    message = str(failure.value.code)
+    assert message.splitlines() == [
+        "suite(s) failed: overhead, gelu_ffn",
+        "  [overhead] cannot run: no compiled cpu kernel for fusednorm::norm_fwd*",
+        "  [gelu_ffn] RuntimeError: kernel failed on a second line"]
+    out, err = capsys.readouterr()
+    assert "# layer_norm table" in out and "# rms_norm table" in out
+    assert re.search(r"^\[overhead\] failed after \d+ s: cannot run: no compiled cpu kernel",
+                     err, re.M)
+    assert re.search(r"^\[gelu_ffn\] failed after \d+ s: RuntimeError: kernel failed", err, re.M)
+    assert "Traceback" in err  # a raised exception's traceback, for the bug it may be
+    assert re.search(r"^\[rms_norm\] \d+ s; results written to ", err, re.M)
+
+    # --save: a suite's exit ends the run, as before (check_save stood in for: it passes).
+    ran.clear()
+    monkeypatch.setattr(stamp, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(run_all, "check_save", lambda args: None)
+    with pytest.raises(SystemExit, match=r"^\[overhead\] cannot run"):
+        run_all.main([*argv, "--save"])
+    assert ran == []
+
+
 def test_plots_are_stamped():
     result = {"suite": "gelu_ffn", "device": "Some CPU", "device_kind": "cpu",
               "torch": "2.14.1", "commit": "0123456789abcdef0123-dirty",
