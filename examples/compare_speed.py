@@ -1,6 +1,7 @@
 """Training speed of the example GPT with PyTorch's norms/FFN and with fusednorm's, measured
-in alternating runs (torch, fused, torch, fused, ...) so that a machine that speeds up or
-slows down during the measurement affects both sides alike.
+in rounds of one run of each, back to back, the side that runs first alternating from round
+to round (torch, fused, then fused, torch, ...), so that a machine that speeds up or slows
+down during the measurement affects both sides alike.
 
     python examples/compare_speed.py OUT_DIR [--rounds 3] [--steps 30] [train_gpt.py options]
     python examples/compare_speed.py OUT_DIR --interleave [--rounds 3] [--steps 30] [...]
@@ -9,9 +10,12 @@ Each run is a fresh `examples/train_gpt.py` process (same seed, same data). Two 
 run: tokens/s over the run's elapsed time, and the rate of its median step (a step that a
 busy machine slowed down moves the median less). The ratio stated first is the median over
 rounds of fused / torch median-step rates, each round's two runs adjacent in time (a
-machine that drifts between rounds cancels out of it); the ratio of the medians of the
-elapsed-time rates is given too. Writes OUT_DIR/speed.json (every run's rates, the medians,
-the ratios, device and versions) and OUT_DIR/speed.md (the same as a table), and prints it.
+machine that drifts between rounds cancels out of it); torch runs first in even rounds
+(0, 2, ...) and fused in odd ones, so a drift within rounds favours neither side when
+--rounds is even (an odd count lets torch run first once more). The ratio of the medians of
+the elapsed-time rates is given too. Writes OUT_DIR/speed.json (every run's rates, the
+medians, the ratios, the order of the runs and which norm ran first in each round, device
+and versions) and OUT_DIR/speed.md (the same as a table), and prints it.
 
 --interleave: a machine whose speed changes within seconds (a shared VM) moves the rates of
 adjacent runs apart by more than the difference measured. Then each round trains one model
@@ -35,6 +39,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NORMS = ("torch", "fused")
+
+
+def round_order(index: int) -> tuple[str, ...]:
+    """The norms of round index in the order they run: torch first in even rounds, fused
+    first in odd ones, so that neither side always runs on the later, drifted machine."""
+    return NORMS if index % 2 == 0 else NORMS[::-1]
 
 
 def require_this_checkout(metrics: dict) -> None:
@@ -72,6 +82,7 @@ def summarize(runs: list[dict]) -> dict:
         "threads": first["threads"], "torch": first["torch"], "commit": first["commit"],
         "date": first["date"], "config": first["config"],
         "order": [r["norm"] for r in runs],
+        "first_by_round": [r["norm"] for r in runs[::len(NORMS)]],  # a round: one run per norm
         "tokens_per_s": by_norm,
         "median_tokens_per_s": medians,
         "fused_over_torch": medians["fused"] / medians["torch"],
@@ -91,8 +102,9 @@ def markdown(summary: dict) -> str:
         f"{summary['device_kind']}, {summary['threads']} threads, torch {summary['torch']}, "
         f"commit `{summary['commit']}`, {summary['date']}; {cfg['n_layer']} layers, "
         f"d_model {cfg['d_model']}, batch {cfg['batch_size']} x {cfg['block_size']} tokens, "
-        f"{cfg['amp']}, {cfg['steps']} steps per run (the first tenth untimed). Runs "
-        f"alternate: {', '.join(summary['order'])}.",
+        f"{cfg['amp']}, {cfg['steps']} steps per run (the first tenth untimed). A round is "
+        "a run of each norm, back to back; first in each round: "
+        f"{', '.join(summary['first_by_round'])}.",
         "",
         "| norm | tokens/s per run (elapsed) | median | median-step tokens/s per run | "
         "median | final loss |",
@@ -207,7 +219,9 @@ def write_results(out: Path, stem: str, summary: dict, md: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each norm")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of each norm (without --interleave: an even count lets "
+                             "each norm run first in as many rounds)")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
     parser.add_argument("--interleave", action="store_true",
                         help="alternate the two models' steps in one process (see above)")
@@ -219,8 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
         return write_results(args.out, "interleaved", summary, markdown_interleaved(summary))
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
-        for _ in range(args.rounds):
-            for norm in NORMS:
+        for index in range(args.rounds):
+            for norm in round_order(index):
                 runs.append(run_once(norm, args.steps, extra, Path(scratch)))
     summary = summarize(runs)
     return write_results(args.out, "speed", summary, markdown(summary))

@@ -110,12 +110,14 @@ def test_amp_bf16_run(tmp_path):
 
 
 def test_compare_speed_alternates_runs(tmp_path):
-    """examples/compare_speed.py: runs alternate torch, fused, ...; the summary's medians and
-    ratio come from the runs' own tokens/s."""
+    """examples/compare_speed.py: a round is a run of each norm, torch first in the first
+    round and fused in the second; the summary's medians and ratio come from the runs' own
+    tokens/s."""
     _run("compare_speed.py", str(tmp_path), "--rounds", "2", "--steps", "3", "--device", "cpu",
          *TINY_ARGS)
     summary = json.loads((tmp_path / "speed.json").read_text())
-    assert summary["order"] == ["torch", "fused", "torch", "fused"]
+    assert summary["order"] == ["torch", "fused", "fused", "torch"]
+    assert summary["first_by_round"] == ["torch", "fused"]
     for norm in ("torch", "fused"):
         values = summary["tokens_per_s"][norm]
         assert len(values) == 2 and all(v > 0 for v in values)
@@ -128,6 +130,40 @@ def test_compare_speed_alternates_runs(tmp_path):
     assert summary["fused_over_torch_by_round"] == pytest.approx(sum(ratios) / 2)
     assert summary["rounds_fused_ahead"] == sum(r > 1 for r in ratios)
     assert (tmp_path / "speed.md").read_text().startswith("# Example GPT training speed on ")
+
+
+def test_compare_speed_alternates_which_norm_runs_first(tmp_path, monkeypatch):
+    """examples/compare_speed.py without --interleave: torch runs first in even rounds and
+    fused in odd ones, and speed.json records it. On a machine that slows down within every
+    round (the second run of each 10% slower) the round ratios then err both ways and their
+    median stays near 1, where a fixed order would put the same 10% against one side. (No
+    model trained: run_once stands in for train_gpt.py's processes.)"""
+    sys.path.insert(0, str(EXAMPLES_DIR))
+    import compare_speed
+
+    calls = []
+
+    def run_once(norm, steps, extra, scratch):
+        rate = 100.0 if len(calls) % 2 == 0 else 90.0  # the round's second run: slower
+        calls.append(norm)
+        metrics = _fake_metrics(norm, batch_size=8, block_size=32)
+        metrics.update(threads=1, tokens_per_s=rate, median_step_tokens_per_s=rate)
+        return metrics
+
+    monkeypatch.setattr(compare_speed, "run_once", run_once)
+    summary = compare_speed.main([str(tmp_path), "--rounds", "4", "--steps", "3"])
+    assert calls == ["torch", "fused", "fused", "torch", "torch", "fused", "fused", "torch"]
+    saved = json.loads((tmp_path / "speed.json").read_text())
+    assert saved == summary
+    assert saved["order"] == calls
+    assert saved["first_by_round"] == ["torch", "fused", "torch", "fused"]
+    assert saved["round_ratios"] == pytest.approx([0.9, 1 / 0.9, 0.9, 1 / 0.9])
+    assert saved["fused_over_torch_by_round"] == pytest.approx((0.9 + 1 / 0.9) / 2)
+    assert saved["rounds_fused_ahead"] == 2
+    md = (tmp_path / "speed.md").read_text()
+    assert "first in each round: torch, fused, torch, fused." in md
+    assert [compare_speed.round_order(i) for i in range(3)] == [
+        ("torch", "fused"), ("fused", "torch"), ("torch", "fused")]
 
 
 def test_compare_speed_interleaves_steps(tmp_path):
