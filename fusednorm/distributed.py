@@ -12,7 +12,8 @@ torch.distributed.tensor is already imported). The rules, per mesh dimension:
 - their backward (the backend ops the C++ autograd nodes call on [M, N] rows): rows
   sharded, parameters replicated -> weight and bias gradients Partial(sum), reduced by
   DTensor where the parameter's placement asks (as for nn.LayerNorm under
-  SequenceParallel); a Partial incoming gradient stays Partial (the backward is linear in it).
+  SequenceParallel); a Partial incoming gradient stays Partial (the backward is linear in it;
+  the add ops' two incoming gradients are then both taken Partial).
 - gelu_ffn: rows sharded with replicated weights, or the tensor-parallel layout of
   ColwiseParallel fc1 / RowwiseParallel fc2 (weight1, bias1 Shard(0); weight2 Shard(1);
   input replicated) -> output Partial(sum), computed by the fused kernel on the local
@@ -160,15 +161,17 @@ def _row_placements(spec) -> list[Placement]:
     return list(dict.fromkeys(found)) or [Shard(0)]
 
 
-def _row_rules(out_roles: str, arg_roles: str, rows_arg: int, linear_in: int | None = None):
+def _row_rules(out_roles: str, arg_roles: str, rows_arg: int, linear_in: tuple[int, ...] = ()):
     """Backend ops over [M, N] rows: rows sharded alike, parameters replicated, parameter
-    gradients Partial. `linear_in`: the op is linear in that argument (an incoming
-    gradient), so a Partial one with everything else replicated gives Partial outputs."""
+    gradients Partial. `linear_in`: the op is linear in those arguments (the incoming
+    gradients) together, so Partial ones with everything else replicated give Partial
+    outputs. Every one of them is Partial in that rule: a term of a replicated one (norm_bwd
+    adds grad_sum to the input's gradient) would be counted once per rank in the sum."""
     def rules(*args):
         out = [_rule(out_roles, arg_roles, args, {"r": p, "s": p, "p": R, "g": SUM})
                for p in _row_placements(args[rows_arg])]
-        if linear_in is not None:
-            roles = "".join("L" if i == linear_in else ("." if c == "." else "R")
+        if linear_in:
+            roles = "".join("L" if i in linear_in else ("." if c == "." else "R")
                             for i, c in enumerate(arg_roles))
             out.append(_rule(out_roles.replace("r", "g").replace("s", "g"), roles, args,
                              {"g": SUM, "L": SUM, "R": R}))
@@ -194,7 +197,7 @@ def _gelu_ffn_bwd_rules(*args):
     """gelu_ffn_bwd(grad_out, input, hidden, weight1, weight2, has_bias1, has_bias2, approx)
     -> (grad_input, grad_weight1, grad_bias1, grad_weight2, grad_bias2)."""
     has_b1 = args[5]
-    rules = _row_rules("rgggg", "rrrpp...", 1, linear_in=0)(*args)
+    rules = _row_rules("rgggg", "rrrpp...", 1, linear_in=(0,))(*args)
     rules.append([SUM, Shard(0), Shard(0) if has_b1 else R, Shard(1), R,
                   R, R, Shard(1), Shard(0), Shard(1), None, None, None])
     return rules
@@ -228,7 +231,8 @@ def _register_all() -> None:
     _register(O.layer_norm_apply.default, 5, _row_rules("r", "rsspp", 0))
     # grad_x (the add ops' input gradient, [0] unless x_dtype) and rowscale follow the rows;
     # rng_state is replicated (under DTensor dropout is refused: both are None).
-    _register(O.norm_bwd.default, 7, _row_rules("rggr", "rrrsspp...sp.", 2, linear_in=0))
+    # Linear in grad_out and grad_sum (the add ops' sum's gradient, added to the input's).
+    _register(O.norm_bwd.default, 7, _row_rules("rggr", "rrrsspp...sp.", 2, linear_in=(0, 1)))
     _register(O.gelu_ffn_bwd.default, 5, _gelu_ffn_bwd_rules)
 
 if ops.LAYER_NORM is not None:

@@ -147,11 +147,35 @@ def ops(rank: int, world: int) -> None:
         _check_op(f"{name} tensor-parallel", fn, inputs, tp, mesh)
         _check_op(f"{name} tensor- and sequence-parallel", fn, inputs, {**tp, "input": Shard(1)}, mesh)
     _statistics_in_row_order(mesh)
+    _partial_grad_of_normed_output(mesh)
     rows = _random(2 * world + 1, D, seed=11)  # one rank holds one row more
     for name, (fn, inputs) in (("layer_norm", norms["layer_norm"]), ("gelu_ffn", (ffn, ffn_inputs))):
         _check_op(f"{name} uneven rows", fn, {**inputs, "input": rows}, {"input": Shard(0)}, mesh)
     if world > 1:
         _uneven_leading_dim_raises(mesh)
+
+
+def _partial_grad_of_normed_output(mesh) -> None:
+    """The add ops on replicated inputs, the normed output read by a column-parallel Linear
+    (its gradient comes back Partial) and the sum by a replicated residual path (Replicate):
+    the input's and residual's gradients are those of one process (the sum's gradient once,
+    not once per rank)."""
+    import fusednorm
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+
+    world = mesh.size()
+    x, r, w, b = (_random(2, 3, 8, seed=1), _random(2, 3, 8, seed=2), _random(8, seed=3),
+                  _random(8, seed=4))
+    grads = [_random(2, 3, 8, seed=s, requires_grad=False) for s in (5, 6)]
+    dgrads = (DTensor.from_local(grads[0] / world, mesh, [Partial()]),
+              distribute_tensor(grads[1], mesh, [Replicate()]))
+    for name, fn in (("add_layer_norm", lambda x, r, w, b: fusednorm.add_layer_norm(x, r, (8,), w, b)),
+                     ("add_rms_norm", lambda x, r, w, b: fusednorm.add_rms_norm(x, r, (8,), w))):
+        ref = torch.autograd.grad(fn(x, r, w, b), (x, r, w), grads)
+        dt = [distribute_tensor(t.detach(), mesh, [Replicate()]).requires_grad_() for t in (x, r, w, b)]
+        got = torch.autograd.grad(fn(*dt), dt[:3], dgrads)
+        for what, g, expected in zip(("input", "residual", "weight"), got, ref):
+            _close(_full(g), expected, f"{name} grad of {what}, the output's gradient Partial")
 
 
 def _uneven_leading_dim_raises(mesh) -> None:
