@@ -161,6 +161,10 @@ def _row_placements(spec) -> list[Placement]:
     return list(dict.fromkeys(found)) or [Shard(0)]
 
 
+def _partial(spec) -> bool:
+    return any(isinstance(p, Partial) for p in getattr(spec, "placements", ()))
+
+
 def _row_rules(out_roles: str, arg_roles: str, rows_arg: int, linear_in: tuple[int, ...] = ()):
     """Backend ops over [M, N] rows: rows sharded alike, parameters replicated, parameter
     gradients Partial. `linear_in`: the op is linear in those arguments (the incoming
@@ -170,7 +174,10 @@ def _row_rules(out_roles: str, arg_roles: str, rows_arg: int, linear_in: tuple[i
     def rules(*args):
         out = [_rule(out_roles, arg_roles, args, {"r": p, "s": p, "p": R, "g": SUM})
                for p in _row_placements(args[rows_arg])]
-        if linear_in:
+        # Offered only for a Partial incoming gradient: DTensor's costs do not tell that a
+        # row-sharded one cannot become Partial (a _StridedShard -> Partial redistribution
+        # is refused on 2-D meshes), and a replicated one is better served replicated.
+        if any(_partial(args[i]) for i in linear_in):
             roles = "".join("L" if i in linear_in else ("." if c == "." else "R")
                             for i, c in enumerate(arg_roles))
             out.append(_rule(out_roles.replace("r", "g").replace("s", "g"), roles, args,
@@ -215,6 +222,47 @@ def _layer_norm_gelu_ffn(op_call, args, kwargs):
     return input + out, mean, rstd, hidden
 
 
+# The activations of each public op (argument positions) and where its normalized_shape is
+# (None: the FFN ops, over the last dim).
+_ACTIVATIONS = {"layer_norm": ((0,), 1), "rms_norm": ((0,), 1), "add_layer_norm": ((0, 1), 2),
+                "add_rms_norm": ((0, 1), 2), "gelu_ffn": ((0,), None),
+                "layer_norm_gelu_ffn": ((0,), None)}
+
+
+def _one_mesh_dim(placements: Sequence[Placement], axis: int) -> list[Placement]:
+    """`placements` with at most one mesh dim not replicated: the first that shards one of
+    the `axis` leading dims (the rows) kept, every other replicated (Partial reduced)."""
+    kept = next((i for i, p in enumerate(placements)
+                 if type(p) is Shard and p.dim < axis), None)
+    return [p if i == kept else R for i, p in enumerate(placements)]
+
+
+def _layout(name: str, args: tuple) -> tuple:
+    """DTensor activations on a mesh of 2+ dims that more than one mesh dim shards or
+    reduces are redistributed (differentiably, before the op's autograd node saves them) to
+    one mesh dim sharding their rows: the rules are per mesh dim, and rows sharded over two
+    mesh dims nest in an order the row statistics and the backward's views of the saved
+    input cannot follow (a wrong result, or an error, otherwise)."""
+    spec = _ACTIVATIONS.get(name)
+    if spec is None:
+        return args
+    positions, shape_at = spec
+    out = None
+    for i in positions:
+        t = args[i]
+        if not isinstance(t, DTensor) or t.device_mesh.ndim < 2:
+            continue
+        if sum(not isinstance(p, Replicate) for p in t.placements) < 2:
+            continue
+        normalized = 1 if shape_at is None else len(args[shape_at])
+        placements = [Shard(p.dim % t.ndim) if type(p) is Shard else p for p in t.placements]
+        wanted = _one_mesh_dim(placements, t.ndim - normalized)
+        if out is None:
+            out = list(args)
+        out[i] = t.redistribute(t.device_mesh, wanted)
+    return args if out is None else tuple(out)
+
+
 def _register_all() -> None:
     O = torch.ops.fusednorm
     # Public ops (their Autograd kernel runs first, then DTensor sees the op itself).
@@ -237,6 +285,9 @@ def _register_all() -> None:
 
 if ops.LAYER_NORM is not None:
     _register_all()
+    from . import functional as _functional
+
+    _functional._dtensor_layout = _layout
 
 
 # --- tensor-parallel plan of the FFN modules ---

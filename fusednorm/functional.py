@@ -32,6 +32,9 @@ _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Under torch.compile the check below is a constant True and dynamo traces the torch.ops
 # call, a graph node.
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
+# fusednorm.distributed's _layout(name, args): DTensor activations sharded over several mesh
+# dims brought, above autograd, to a layout the sharding rules serve; None before it loads.
+_dtensor_layout = None
 
 
 def _onnx_exporting() -> bool:
@@ -285,6 +288,8 @@ def _call(name: str, args: tuple, outputs: int, check, backend_op: str, fallback
             raise as_argument_error(error) from None
         if out is not NotImplemented:
             return out
+    if _dtensor_layout is not None:  # set by fusednorm.distributed
+        args = _dtensor_layout(name, args)
     if _jagged.is_nested(args[0]):
         shape_at = _SHAPE_AT.get(name)  # the FFN ops work on the last dim
         trailing = 1 if shape_at is None or isinstance(args[shape_at], int) \

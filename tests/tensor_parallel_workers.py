@@ -153,6 +153,52 @@ def ops(rank: int, world: int) -> None:
         _check_op(f"{name} uneven rows", fn, {**inputs, "input": rows}, {"input": Shard(0)}, mesh)
     if world > 1:
         _uneven_leading_dim_raises(mesh)
+    if world == 4:
+        _two_mesh_dims()
+
+
+def _two_mesh_dims() -> None:
+    """A 2x2 mesh, the input sharded or reduced on both mesh dims (a batch- and
+    sequence-sharded input, one dim over both, a pending sum beside a shard) or sequence-
+    sharded on the second only: output and gradients of one process."""
+    import fusednorm
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh(DEVICE, (2, 2))
+    D, H = 8, 8
+    x, r = _random(4, 4, D, seed=1), _random(4, 4, D, seed=2)
+    w, w1, w2 = _random(D, seed=3), _random(H, D, seed=4), _random(D, H, seed=5)
+    y = [_random(4, 4, D, seed=s, requires_grad=False) for s in (6, 7)]
+    calls = {
+        "layer_norm": (lambda x, r, w, w1, w2: (fusednorm.layer_norm(x, (D,), w, w),)),
+        "add_rms_norm": (lambda x, r, w, w1, w2: fusednorm.add_rms_norm(x, r, (D,), w)),
+        "gelu_ffn": (lambda x, r, w, w1, w2: (fusednorm.gelu_ffn(x, w1, w, w2, w),)),
+    }
+    loss = lambda outs: sum((_full(o) * g).sum() for o, g in zip(outs, y))  # noqa: E731
+    for placements in ((Shard(0), Shard(1)), (Shard(1), Shard(1)), (Shard(0), Partial()),
+                       (Replicate(), Shard(1))):
+        for name, fn in calls.items():
+            whole = (x, r, w, w1, w2)
+            ref_out = fn(*whole)
+            ref = torch.autograd.grad(loss(ref_out), whole, allow_unused=True)
+            dt = []
+            for i, t in enumerate(whole):
+                if i > 1:
+                    dt.append(distribute_tensor(t.detach(), mesh, [Replicate()] * 2).requires_grad_())
+                elif isinstance(placements[1], Partial):  # half of the value on each rank of dim 1
+                    local = distribute_tensor(t.detach(), mesh, [placements[0], Replicate()]).to_local()
+                    dt.append(DTensor.from_local(local / 2, mesh, placements).detach().requires_grad_())
+                else:
+                    dt.append(distribute_tensor(t.detach(), mesh, placements).requires_grad_())
+            out = fn(*dt)
+            what = f"{name} {placements}"
+            for i, (o, e) in enumerate(zip(out, ref_out)):
+                _close(_full(o), e, f"{what} output {i}")
+            for key, g, e in zip(("input", "residual", "weight", "weight1", "weight2"),
+                                 torch.autograd.grad(loss(out), dt, allow_unused=True), ref):
+                if e is not None:
+                    _close(_full(g), e, f"{what} grad of {key}")
 
 
 def _partial_grad_of_normed_output(mesh) -> None:
