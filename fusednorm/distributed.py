@@ -125,7 +125,8 @@ def _check_even(op: str, spec, axis: int) -> None:
                 f"{p.dim} (size {spec.shape[p.dim]}) unevenly over {spec.mesh.size(mesh_dim)} "
                 "ranks; fusednorm's backward views the leading dims as rows, which DTensor "
                 "does only for even shards: make that size a multiple of the mesh size, or "
-                "shard the first dim")
+                "distribute the input as [rows, features] (its leading dims flattened "
+                "first), whose uneven shards of rows work")
 
 
 def _norm_rules(op: str, out_roles: str, arg_roles: str, shape_arg: int):

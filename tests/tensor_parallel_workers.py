@@ -228,14 +228,18 @@ def _uneven_leading_dim_raises(mesh) -> None:
     import fusednorm
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    x = distribute_tensor(_random(2, mesh.size() + 1, 8, seed=1, requires_grad=False), mesh, [Shard(1)])
-    for call in (lambda: fusednorm.layer_norm(x, (8,)), lambda: fusednorm.add_rms_norm(x, x, (8,))):
-        try:
-            call()
-        except RuntimeError as error:
-            assert "Shard(dim=1)" in str(error) and "unevenly" in str(error), str(error)
-        else:
-            raise AssertionError("an uneven shard of a leading dim did not raise")
+    for dim in (1, 0):  # the advice fits either (no "shard the first dim" for the first)
+        shape = [2, 2, 8]
+        shape[dim] = mesh.size() + 1
+        x = distribute_tensor(_random(*shape, seed=1, requires_grad=False), mesh, [Shard(dim)])
+        for call in (lambda: fusednorm.layer_norm(x, (8,)), lambda: fusednorm.add_rms_norm(x, x, (8,))):
+            try:
+                call()
+            except RuntimeError as error:
+                assert f"Shard(dim={dim})" in str(error) and "unevenly" in str(error) \
+                    and "[rows, features]" in str(error), str(error)
+            else:
+                raise AssertionError("an uneven shard of a leading dim did not raise")
 
 
 def _statistics_in_row_order(mesh) -> None:
