@@ -83,11 +83,14 @@ def _rule(out_roles: str, arg_roles: str, args: Sequence, by_role: dict) -> list
 
 
 def _no_dim_sharded_twice(input_specs, output_specs) -> bool:
-    """Rules are per mesh dim; two mesh dims sharding one tensor dim nest in an order these
-    rules do not track, so DTensor redistributes such inputs instead."""
+    """Rules are per mesh dim; two mesh dims sharding one tensor dim, or the rows (the dims
+    before the last) of one tensor, nest in an order these rules do not track (the row
+    statistics' placements, the backward's row views), so DTensor redistributes such inputs
+    instead: an input and residual sharded on different leading dims are not brought to
+    one shard on each mesh dim."""
     for spec in input_specs:
         dims = [p.dim for p in spec.placements if isinstance(p, (Shard, _StridedShard))]
-        if len(dims) != len(set(dims)):
+        if len(dims) != len(set(dims)) or sum(d < len(spec.shape) - 1 for d in dims) > 1:
             return False
     return True
 

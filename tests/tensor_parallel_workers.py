@@ -176,9 +176,15 @@ def _two_mesh_dims() -> None:
         "gelu_ffn": (lambda x, r, w, w1, w2: (fusednorm.gelu_ffn(x, w1, w, w2, w),)),
     }
     loss = lambda outs: sum((_full(o) * g).sum() for o, g in zip(outs, y))  # noqa: E731
-    for placements in ((Shard(0), Shard(1)), (Shard(1), Shard(1)), (Shard(0), Partial()),
-                       (Replicate(), Shard(1))):
+    # (input's placements, the residual's when they differ)
+    cases = [((Shard(0), Shard(1)), None), ((Shard(1), Shard(1)), None),
+             ((Shard(0), Partial()), None), ((Replicate(), Shard(1)), None),
+             # sharded on different leading dims: not joined as both, one per mesh dim
+             ((Shard(0), Replicate()), (Shard(1), Replicate()))]
+    for placements, residual_placements in cases:
         for name, fn in calls.items():
+            if residual_placements is not None and name != "add_rms_norm":
+                continue
             whole = (x, r, w, w1, w2)
             ref_out = fn(*whole)
             ref = torch.autograd.grad(loss(ref_out), whole, allow_unused=True)
@@ -190,9 +196,10 @@ def _two_mesh_dims() -> None:
                     local = distribute_tensor(t.detach(), mesh, [placements[0], Replicate()]).to_local()
                     dt.append(DTensor.from_local(local / 2, mesh, placements).detach().requires_grad_())
                 else:
-                    dt.append(distribute_tensor(t.detach(), mesh, placements).requires_grad_())
+                    given = residual_placements if i == 1 and residual_placements else placements
+                    dt.append(distribute_tensor(t.detach(), mesh, given).requires_grad_())
             out = fn(*dt)
-            what = f"{name} {placements}"
+            what = f"{name} {placements} residual {residual_placements or placements}"
             for i, (o, e) in enumerate(zip(out, ref_out)):
                 _close(_full(o), e, f"{what} output {i}")
             for key, g, e in zip(("input", "residual", "weight", "weight1", "weight2"),
