@@ -230,3 +230,66 @@ def test_grad_of_the_input_alone_forms_no_parameter_gradients(name):
     # (the block's FFN then takes its frozen path: dx from other GEMMs, rounded apart)
     torch.testing.assert_close(gx, x_full.grad)
     assert all(p.grad is not None for p in params)
+
+
+def _frozen_rows_call(name, fused):
+    """(out, sum) of a norm op, fusednorm's or PyTorch's own (the add ops: s = x + r, then
+    F.layer_norm / F.rms_norm of s); sum None for the plain ops."""
+    F = torch.nn.functional
+    norm = {"layer_norm": (fusednorm.layer_norm, F.layer_norm),
+            "rms_norm": (fusednorm.rms_norm, F.rms_norm)}[name.removeprefix("add_")]
+    fn = norm[0] if fused else norm[1]
+    params = (lambda w, b: (w, b)) if name.endswith("layer_norm") else (lambda w, b: (w,))
+
+    def call(x, r, w, b):
+        if not name.startswith("add_"):
+            return fn(x, (6,), *params(w, b)), None
+        if fused:
+            add = fusednorm.add_layer_norm if name == "add_layer_norm" else fusednorm.add_rms_norm
+            return add(x, r, (6,), *params(w, b))
+        s = x + r
+        return fn(s, (6,), *params(w, b)), s
+    return call
+
+
+def _frozen_rows_outcome(call, case):
+    """The weight's gradient, or the RuntimeError raised, when rows that need no gradient
+    meet a weight that does: made in inference mode, or changed in place (the input, or the
+    add ops' sum) between the call and the backward."""
+    x = random_input((4, 6), torch.float32, "cpu")
+    r = random_input((4, 6), torch.float32, "cpu", seed=3)
+    if case == "inference_input":
+        with torch.inference_mode():
+            x, r = x.clone(), r.clone()
+    w = random_input((6,), torch.float32, "cpu", seed=4).requires_grad_()
+    b = random_input((6,), torch.float32, "cpu", seed=5).requires_grad_()
+    dy = random_input((4, 6), torch.float32, "cpu", seed=6)
+    try:
+        y, s = call(x, r, w, b)
+        if case == "input_changed_in_place":
+            x.add_(1)
+        elif case == "sum_changed_in_place":
+            s.add_(1)
+        return torch.autograd.grad(y, w, dy)[0]
+    except RuntimeError as error:
+        return error
+
+
+@pytest.mark.parametrize("name, case", [
+    (name, case) for name in ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
+    for case in ("inference_input", "input_changed_in_place", "sum_changed_in_place")
+    if name.startswith("add_") or case != "sum_changed_in_place"])
+def test_frozen_rows_refused_exactly_where_torch_refuses(name, case):
+    """A trainable weight over rows that need no gradient (frozen features into a trained
+    norm): F.rms_norm's graph then keeps only a tensor computed from the rows, so PyTorch
+    takes an inference-mode input and an input (or sum) changed in place before the
+    backward, where F.layer_norm, which keeps its input, refuses both. fusednorm refuses
+    exactly where PyTorch does, and elsewhere gives its weight gradient (of the rows as they
+    were at the call)."""
+    expected = _frozen_rows_outcome(_frozen_rows_call(name, fused=False), case)
+    got = _frozen_rows_outcome(_frozen_rows_call(name, fused=True), case)
+    if isinstance(expected, RuntimeError):
+        assert isinstance(got, RuntimeError), f"PyTorch raised {expected!r}; fusednorm did not"
+    else:
+        assert not isinstance(got, Exception), f"PyTorch did not raise; fusednorm: {got!r}"
+        torch.testing.assert_close(got, expected)

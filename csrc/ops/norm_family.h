@@ -255,6 +255,13 @@ inline at::Tensor none_like(const at::Tensor& t) {
   return at::empty({0}, t.options());
 }
 
+// A contiguous copy of t with its own storage and version counter (record(): RMSNorm's
+// frozen rows); of an inference tensor, outside inference mode, a normal tensor.
+inline at::Tensor private_copy(const at::Tensor& t) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
 // The backward node of a recorded norm op: a torch::autograd::Node of our own, as
 // PyTorch's generated ones (NativeLayerNormBackward0), not a torch::autograd::Function,
 // whose context (string-keyed saved data, output wrapping) cost a LayerNorm call with grad
@@ -479,8 +486,17 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
   node->input_type_ = input.scalar_type();
   node->residual_type_ = kind.residual ? residual->scalar_type() : input.scalar_type();
   node->sum_type_ = kind.residual ? sum.scalar_type() : input.scalar_type();
-  node->normed_input_ = kind.residual ? torch::autograd::SavedVariable(sum, sum_has_history)
-                                      : torch::autograd::SavedVariable(input, false);
+  // RMSNorm whose rows need no gradient (a trainable weight over frozen inputs): there
+  // torch.nn.functional.rms_norm's graph keeps only a tensor computed from the rows (x times
+  // rstd, saved by the weight's multiply), never the input itself, so an input made in
+  // inference mode is taken and the input (or the sum) may change in place before the
+  // backward. The node keeps a copy of the rows then (one pass, in this case only), which
+  // neither refuses. LayerNorm keeps its input, as F.layer_norm's node does (it refuses both).
+  const at::Tensor& normed = kind.residual ? sum : input;
+  node->normed_input_ =
+      !kind.centered && !sum_has_history && !input.requires_grad()
+          ? torch::autograd::SavedVariable(private_copy(normed), false)
+          : torch::autograd::SavedVariable(normed, sum_has_history);
   node->normed_input_is_output_ = kind.residual && sum_has_history;
   node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
   node->bias_ = torch::autograd::SavedVariable(defined_or_empty(bias), false);
