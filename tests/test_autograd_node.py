@@ -254,8 +254,8 @@ def _frozen_rows_call(name, fused):
 
 def _frozen_rows_outcome(call, case):
     """The weight's gradient, or the RuntimeError raised, when rows that need no gradient
-    meet a weight that does: made in inference mode, or changed in place (the input, or the
-    add ops' sum) between the call and the backward."""
+    meet a weight that does: made in inference mode, or changed in place (the input, the
+    add ops' sum, or the weight) between the call and the backward."""
     x = random_input((4, 6), torch.float32, "cpu")
     r = random_input((4, 6), torch.float32, "cpu", seed=3)
     if case == "inference_input":
@@ -270,6 +270,9 @@ def _frozen_rows_outcome(call, case):
             x.add_(1)
         elif case == "sum_changed_in_place":
             s.add_(1)
+        elif case == "weight_changed_in_place":
+            with torch.no_grad():
+                w.mul_(2)
         return torch.autograd.grad(y, w, dy)[0]
     except RuntimeError as error:
         return error
@@ -277,15 +280,16 @@ def _frozen_rows_outcome(call, case):
 
 @pytest.mark.parametrize("name, case", [
     (name, case) for name in ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
-    for case in ("inference_input", "input_changed_in_place", "sum_changed_in_place")
+    for case in ("inference_input", "input_changed_in_place", "sum_changed_in_place",
+                 "weight_changed_in_place")
     if name.startswith("add_") or case != "sum_changed_in_place"])
 def test_frozen_rows_refused_exactly_where_torch_refuses(name, case):
     """A trainable weight over rows that need no gradient (frozen features into a trained
     norm): F.rms_norm's graph then keeps only a tensor computed from the rows, so PyTorch
-    takes an inference-mode input and an input (or sum) changed in place before the
-    backward, where F.layer_norm, which keeps its input, refuses both. fusednorm refuses
-    exactly where PyTorch does, and elsewhere gives its weight gradient (of the rows as they
-    were at the call)."""
+    takes an inference-mode input, and an input (or sum) or weight changed in place before
+    the backward, where F.layer_norm, which keeps its input and weight, refuses them.
+    fusednorm refuses exactly where PyTorch does, and elsewhere gives its weight gradient
+    (of the rows as they were at the call)."""
     expected = _frozen_rows_outcome(_frozen_rows_call(name, fused=False), case)
     got = _frozen_rows_outcome(_frozen_rows_call(name, fused=True), case)
     if isinstance(expected, RuntimeError):

@@ -256,7 +256,7 @@ inline at::Tensor none_like(const at::Tensor& t) {
 }
 
 // A contiguous copy of t with its own storage and version counter (record(): RMSNorm's
-// frozen rows); of an inference tensor, outside inference mode, a normal tensor.
+// frozen rows and weight); of an inference tensor, outside inference mode, a normal tensor.
 inline at::Tensor private_copy(const at::Tensor& t) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return t.clone(at::MemoryFormat::Contiguous);
@@ -488,17 +488,19 @@ inline Outputs record(const NormKind& kind, const at::Tensor& input, const OptTe
   node->sum_type_ = kind.residual ? sum.scalar_type() : input.scalar_type();
   // RMSNorm whose rows need no gradient (a trainable weight over frozen inputs): there
   // torch.nn.functional.rms_norm's graph keeps only a tensor computed from the rows (x times
-  // rstd, saved by the weight's multiply), never the input itself, so an input made in
-  // inference mode is taken and the input (or the sum) may change in place before the
-  // backward. The node keeps a copy of the rows then (one pass, in this case only), which
-  // neither refuses. LayerNorm keeps its input, as F.layer_norm's node does (it refuses both).
+  // rstd, saved by the weight's multiply), neither the input nor the weight, so an input made
+  // in inference mode is taken, and the input (or the sum) and the weight may change in place
+  // before the backward. The node keeps copies of the rows and the weight then (a pass over
+  // the rows, in this case only), which refuse neither. LayerNorm keeps its input and weight,
+  // as F.layer_norm's node does (and refuses all of these).
+  const bool frozen_rms_rows = !kind.centered && !sum_has_history && !input.requires_grad();
   const at::Tensor& normed = kind.residual ? sum : input;
-  node->normed_input_ =
-      !kind.centered && !sum_has_history && !input.requires_grad()
-          ? torch::autograd::SavedVariable(private_copy(normed), false)
-          : torch::autograd::SavedVariable(normed, sum_has_history);
+  node->normed_input_ = frozen_rms_rows
+                            ? torch::autograd::SavedVariable(private_copy(normed), false)
+                            : torch::autograd::SavedVariable(normed, sum_has_history);
   node->normed_input_is_output_ = kind.residual && sum_has_history;
-  node->weight_ = torch::autograd::SavedVariable(defined_or_empty(weight), false);
+  node->weight_ = torch::autograd::SavedVariable(
+      frozen_rms_rows && given(weight) ? private_copy(*weight) : defined_or_empty(weight), false);
   node->bias_ = torch::autograd::SavedVariable(defined_or_empty(bias), false);
   // RMSNorm has no mean: norm_bwd takes an empty tensor for it.
   node->mean_ = torch::autograd::SavedVariable(mean.defined() ? mean : none_like(rstd), false);
