@@ -405,12 +405,19 @@ def _train_against_single_process(model, optimizer, shard: Callable, dp_group=No
         assert abs(loss.item() - ref_loss.item()) <= loss_tol, (
             f"step {step}: loss {loss.item()} against {ref_loss.item()} in one process")
         if step == 0 and check_grads:
-            named = dict(model.named_parameters())
+            named = {_unwrapped(n): p for n, p in model.named_parameters()}
             for name, r in ref.named_parameters():
                 name = name if name in named else f"module.{name}"  # DDP's wrapper
                 _close(_full(named[name].grad), r.grad, f"grad of {name}")
         ref_optimizer.step()
         optimizer.step()
+
+
+def _unwrapped(name: str) -> str:
+    """A parameter's name without the levels that torch.compile (_orig_mod) and
+    checkpoint_wrapper (_checkpoint_wrapped_module) put around a module."""
+    return ".".join(part for part in name.split(".")
+                    if part not in ("_orig_mod", "_checkpoint_wrapped_module"))
 
 
 def _dp_share(rank: int, size: int):
@@ -481,6 +488,72 @@ def gpt_compiled_tensor_parallel(rank: int, world: int) -> None:
     for block in model.blocks:
         block.compile(fullgraph=True, backend="aot_eager")  # in place: the same names
     _train_against_single_process(model, _sgd(model), lambda x, y: (x, y), config=config)
+
+
+def _recording(backend: str, seen: set):
+    """torch.compile backend `backend` that first adds to `seen` the targets of every
+    call in the graphs dynamo hands it (subgraphs of higher-order ops included)."""
+    from torch._dynamo import lookup_backend
+
+    def compile_fn(gm, example_inputs):
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                seen.update(str(n.target) for n in module.graph.nodes if n.op == "call_function")
+        return lookup_backend(backend)(gm, example_inputs)
+
+    return compile_fn
+
+
+def _titan(model, mesh, mp_policy=None, backend: str = "aot_eager") -> set:
+    """torchtitan's composition: each block activation-checkpointed (checkpoint_wrapper,
+    non-reentrant, preserve_rng_state=False), then compiled whole with fullgraph=True (any
+    graph break raises), then FSDP2 on each block and on the root. In place; returns the
+    set that collects the compiled graphs' call targets."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    seen: set = set()
+    compile_fn = _recording(backend, seen)  # one for every block: no recompilation
+    for i, block in enumerate(model.blocks):
+        block = checkpoint_wrapper(block, preserve_rng_state=False)
+        model.blocks[i] = torch.compile(block, backend=compile_fn, fullgraph=True)
+    policy = mp_policy or MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return seen
+
+
+TITAN_CONFIG = dict(block_size=8, n_layer=2, n_head=2, d_model=16)
+
+
+@scenario
+def gpt_titan(rank: int, world: int) -> None:
+    """torchtitan's per-block activation checkpointing, torch.compile(fullgraph=True) and
+    FSDP2 (_titan), the fused norms and FFNs inside the checkpointed compiled blocks: in
+    float32 (losses and gradients), then with bfloat16 parameters and float32 gradient
+    reduction (losses within bfloat16's rounding of one float32 process)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from gpt_example import GPTConfig
+
+    config = GPTConfig(**TITAN_CONFIG)
+    mesh = init_device_mesh(DEVICE, (world,))
+    model = _gpt(config)
+    seen = _titan(model, mesh)
+    _train_against_single_process(model, _sgd(model), _dp_share(rank, world),
+                                  dp_group=dist.group.WORLD, config=config)
+    assert "tag_activation_checkpoint" in seen, sorted(seen)
+    for op in ("fusednorm.layer_norm.default", "fusednorm.gelu_ffn.default"):
+        assert op in seen, f"{op} not in the compiled blocks: {sorted(seen)}"
+
+    model = _gpt(config)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    _titan(model, mesh, mp_policy=policy)
+    _train_against_single_process(model, _sgd(model), _dp_share(rank, world),
+                                  dp_group=dist.group.WORLD, loss_tol=3e-2, check_grads=False,
+                                  config=config)
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
 
 
 # --- spawning ----------------------------------------------------------------------------

@@ -108,3 +108,45 @@ def test_python_error_from_a_saved_tensor_hook_is_raised_once(name, device):
         with pytest.raises(_HookError, match="from the pack hook"):
             CALLS[name](tensors)
     assert len(calls) == 1, calls
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpointed_block_compiled_recomputes_the_fused_ops(device):
+    """torchtitan's order: checkpoint_wrapper (non-reentrant) around a block, then
+    torch.compile(fullgraph=True) of the wrapper. The fused ops are in the forward graph and
+    again in the backward one (recomputed there, with their backward ops); loss and
+    gradients are eager's, bit for bit."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from functorch.compile import make_boxed_func
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(fusednorm.FusedLayerNorm(D), fusednorm.FusedGeluFFN(D, H),
+                                fusednorm.FusedRMSNorm(D)).to(device)
+    x = random_input((4, 7, D), torch.float32, device).requires_grad_()
+    graphs = {}
+
+    def recording(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = {str(n.target) for n in gm.graph.nodes
+                            if n.op == "call_function" and str(n.target).startswith("fusednorm.")}
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=recording("forward"), bw_compiler=recording("backward"))
+    compiled = torch.compile(checkpoint_wrapper(block, preserve_rng_state=False),
+                             backend=backend, fullgraph=True)
+    results = []
+    for fn in (block, compiled):
+        block.zero_grad()
+        x.grad = None
+        loss = fn(x).square().mean()
+        loss.backward()
+        results.append((loss.detach(), x.grad.clone(), [p.grad.clone() for p in block.parameters()]))
+    ops = {"fusednorm.layer_norm.default", "fusednorm.gelu_ffn.default", "fusednorm.rms_norm.default"}
+    assert graphs["forward"] == ops, graphs
+    assert ops <= graphs["backward"], graphs  # recomputed
+    assert {"fusednorm.norm_bwd.default", "fusednorm.gelu_ffn_bwd.default"} <= graphs["backward"], graphs
+    (loss0, dx0, g0), (loss1, dx1, g1) = results
+    assert torch.equal(loss0, loss1) and torch.equal(dx0, dx1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))

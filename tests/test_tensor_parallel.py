@@ -1,5 +1,6 @@
 """fusednorm under tensor and sequence parallelism (DTensor), 2-D FSDP2 x TP, FSDP2 with
-mixed precision, DDP with static_graph and torch.compile: gloo processes on the CPU (and
+mixed precision, DDP with static_graph, torch.compile, and torchtitan's composition
+(activation checkpointing, torch.compile and FSDP2 per block): gloo processes on the CPU (and
 NCCL on GPUs where there are), each run against one process
 (tests/tensor_parallel_workers.py holds the scenarios).
 
@@ -21,7 +22,7 @@ pytestmark = [
 @pytest.mark.slow
 @pytest.mark.parametrize("world, scenarios", [
     (2, ["ops", "modules", "ffn_modules", "gpt_tensor_parallel", "gpt_fsdp_bf16",
-         "gpt_ddp_static_graph", "gpt_compiled_tensor_parallel"]),
+         "gpt_ddp_static_graph", "gpt_compiled_tensor_parallel", "gpt_titan"]),
     (4, ["ops", "modules", "ffn_modules", "gpt_tensor_parallel", "gpt_fsdp_tensor_parallel"]),
 ])
 def test_against_one_process(world, scenarios):
