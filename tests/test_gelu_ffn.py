@@ -701,8 +701,11 @@ def _onednn_matmul_calls(capfd, dtype=torch.float32):
     oneDNN's own verbose log."""
     torch.manual_seed(0)
     x = torch.randn(16, 8, dtype=dtype, requires_grad=True)
+    # Trainable parameters: the fused backward (frozen ones take ATen's dx formula instead).
     w1, w2 = torch.randn(32, 8, dtype=dtype), torch.randn(8, 32, dtype=dtype)
     b1, b2 = torch.randn(32, dtype=dtype), torch.randn(8, dtype=dtype)
+    for p in (w1, w2, b1, b2):
+        p.requires_grad_()
     capfd.readouterr()
     with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
         fusednorm.gelu_ffn(x, w1, b1, w2, b2).sum().backward()
