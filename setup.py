@@ -10,6 +10,10 @@ Knobs (environment variables):
   CUDA_HOME=/usr/local/cuda       toolkit root; found from nvcc when unset
   MAX_JOBS=N                      parallel compile jobs (ninja)
   FUSEDNORM_DEBUG=1               -O0 -g, for debuggers and sanitizers
+  FUSEDNORM_SANITIZE=address,undefined
+                                  the C++ host code built with GCC's sanitizers (-O1 -g; every
+                                  report fatal); loads only with libasan preloaded
+                                  (tests/cpu_sanitize.sh builds and runs it)
 """
 import glob
 import os
@@ -119,6 +123,19 @@ def _cpu_flags(capability):
     if capability not in flags:
         sys.exit(f"FUSEDNORM_CPU_CAPABILITY must be one of {sorted(flags)}, got {capability!r}")
     return flags[capability] + [f"-DFUSEDNORM_CPU_CAPABILITY_NAME={capability}"]
+
+
+def _sanitize_flags():
+    """FUSEDNORM_SANITIZE: GCC sanitizers for the C++ code (not nvcc's device code), every
+    report fatal so that a test run cannot pass over one."""
+    wanted = [name for name in os.environ.get("FUSEDNORM_SANITIZE", "").split(",") if name]
+    if not wanted:
+        return []
+    unknown = sorted(set(wanted) - {"address", "undefined"})
+    if unknown:
+        sys.exit(f"FUSEDNORM_SANITIZE takes address and/or undefined, got {unknown}")
+    return [f"-fsanitize={','.join(wanted)}", "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer", "-g"]
 
 
 def _openmp_flags():
@@ -244,7 +261,9 @@ def norm_instance_sources():
 
 def make_extension():
     debug = os.environ.get("FUSEDNORM_DEBUG", "0") == "1"
-    opt = ["-O0", "-g"] if debug else ["-O3"]
+    sanitize = _sanitize_flags()
+    # A sanitized build at -O1: the checks do not depend on the optimization, the build time does.
+    opt = ["-O0", "-g"] if debug else ["-O1"] if sanitize else ["-O3"]
     capability = _cpu_capability()
     # No implicit FMA contraction: the kernels place their fused multiply-adds explicitly,
     # and contraction elsewhere breaks exact cancellations (dx of a one-element row is 0).
@@ -254,8 +273,9 @@ def make_extension():
         # compile a third slower, the longest step of a GPU machine's build (perf-notes).
         opt + ([] if debug else ["-g0"])
         + ["-fvisibility=hidden", "-ffp-contract=off", "-Wno-unknown-pragmas"]
-        + omp_compile + _cpu_flags(capability)
+        + omp_compile + _cpu_flags(capability) + sanitize
     )
+    link = omp_link + sanitize
     sources = (
         ["csrc/fusednorm.cpp"] + sorted(glob.glob("csrc/ops/*.cpp"))
         + sorted(glob.glob("csrc/cpu/*.cpp"))
@@ -265,7 +285,7 @@ def make_extension():
     if not _want_cuda():
         return CppExtension(
             "fusednorm._C", sources, include_dirs=include_dirs,
-            extra_compile_args={"cxx": cxx}, extra_link_args=omp_link,
+            extra_compile_args={"cxx": cxx}, extra_link_args=link,
             define_macros=macros, py_limited_api=True,
         )
     _default_arch_list()
@@ -283,7 +303,7 @@ def make_extension():
         include_dirs=include_dirs,
         define_macros=macros,
         extra_compile_args={"cxx": cxx + with_cuda, "nvcc": nvcc + with_cuda},
-        extra_link_args=omp_link + _cublaslt_link_args(_nvidia_wheel_dirs("lib")),
+        extra_link_args=link + _cublaslt_link_args(_nvidia_wheel_dirs("lib")),
         py_limited_api=True,
     )
 
@@ -293,10 +313,13 @@ def make_fast_calls_extension():
     against the full Python API and libtorch_python, so not abi3 like _C; optional at import
     (without it, calls go through torch.ops)."""
     debug = os.environ.get("FUSEDNORM_DEBUG", "0") == "1"
+    sanitize = _sanitize_flags()
     return CppExtension(
         "fusednorm._fast", ["csrc/python/fast_calls.cpp"],
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": (["-O0", "-g"] if debug else ["-O2"]) + ["-fvisibility=hidden"]},
+        extra_compile_args={"cxx": (["-O0", "-g"] if debug else ["-O2"]) + ["-fvisibility=hidden"]
+                            + sanitize},
+        extra_link_args=sanitize,
     )
 
 

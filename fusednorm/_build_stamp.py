@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # ATEN_CPU_CAPABILITY lowers torch's CPU level, which is fusednorm's default one; CC and CXX
 # pick the compilers (and with them the C++ runtime the library links).
 KNOBS = ("FUSEDNORM_CPU_ONLY", "FUSEDNORM_CPU_CAPABILITY", "FUSEDNORM_DEBUG",
-         "TORCH_CUDA_ARCH_LIST", "ATEN_CPU_CAPABILITY", "CC", "CXX")
+         "FUSEDNORM_SANITIZE", "TORCH_CUDA_ARCH_LIST", "ATEN_CPU_CAPABILITY", "CC", "CXX")
 
 
 def source_files(root: Path) -> list[Path]:
