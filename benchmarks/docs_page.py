@@ -25,8 +25,9 @@ BEGIN = "<!-- benchmarks:begin (written by python -m benchmarks.docs_page; do no
 END = "<!-- benchmarks:end -->"
 
 # The folders of benchmarks/results/ in page order, and those the README summarises.
-FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-fresh-memory", "amd-epyc-avx2")
-README_FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-avx2")
+FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-fresh-memory", "amd-epyc-avx2",
+           "intel-xeon-processor")
+README_FOLDERS = ("nvidia-h200", "amd-epyc", "amd-epyc-avx2", "intel-xeon-processor")
 NORM_SUITES = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 TIMED_SUITES = NORM_SUITES + ("gelu_ffn",)
 OURS, COMPILED, LIGER = "fusednorm", "torch.compile", "liger"
@@ -432,10 +433,12 @@ def page(data: dict[str, dict[str, dict]]) -> str:
              "from the committed results of `python -m benchmarks --save` "
              "(`bash scripts/bench.sh` runs the same suites and writes to the untracked "
              "`bench-out/`).", "", METHOD.rstrip(), "", "## Hardware and versions", "",
-             "The stamp of each results file. The CPU runs are from AMD EPYC virtual "
-             "machines with 2 vCPUs, shared with other work, whose memory bandwidth moves in "
-             "phases: a Zen 4 with AVX-512 (`amd-epyc`, `amd-epyc-fresh-memory`) and a Zen 3 "
-             "with AVX2 only (`amd-epyc-avx2`, slower memory). Compare a run's rows by their "
+             "The stamp of each results file. The CPU runs are from virtual machines with "
+             "2 vCPUs, shared with other work, whose memory bandwidth moves in phases: AMD "
+             "EPYC, a Zen 4 with AVX-512 (`amd-epyc`, `amd-epyc-fresh-memory`) and a Zen 3 "
+             "with AVX2 only (`amd-epyc-avx2`, slower memory), and an Intel Xeon with "
+             "AVX-512 (`intel-xeon-processor`) whose last-level cache reads 480 MiB, so the "
+             "cycled input sets of the smaller cases stay in it. Compare a run's rows by their "
              "ratios to the providers timed beside them. The GPU runs are from machines lent for minutes "
              "([`gpu_runs/`](gpu_runs/README.md)).", ""] + _stamps_table(data)
     for folder, suites in data.items():

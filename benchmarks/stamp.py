@@ -38,8 +38,11 @@ def device_name(device: torch.device) -> str:
 
 
 def slug(name: str) -> str:
-    """File-system friendly form of a device name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+    """File-system friendly form of a device name: 'NVIDIA H100 80GB HBM3' ->
+    'nvidia-h100-80gb-hbm3', 'Intel(R) Xeon(R) Processor' -> 'intel-xeon-processor' (the
+    trademark marks of CPU model names dropped)."""
+    name = re.sub(r"\((r|tm|c)\)", " ", name.lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown"
 
 
 def _git(*args: str) -> str:

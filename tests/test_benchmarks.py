@@ -850,6 +850,16 @@ def test_results_folder_names_the_cpu_simd_level_below_avx512():
     assert folder("cuda", "cpu avx2, cuda 9.0") == "amd-epyc"
 
 
+def test_device_slug_drops_trademark_marks():
+    from benchmarks import stamp
+
+    assert stamp.slug("Intel(R) Xeon(R) Processor") == "intel-xeon-processor"
+    assert stamp.slug("Intel(R) Core(TM) i9-13900K") == "intel-core-i9-13900k"
+    assert stamp.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert stamp.slug("AMD EPYC 9R14 96-Core Processor") == "amd-epyc-9r14-96-core-processor"
+    assert stamp.slug("(R)") == "unknown"
+
+
 def test_cpu_memory_modes_record_themselves_and_keep_apart(tmp_path):
     """The default --cpu-memory reuse (run in a subprocess: it changes malloc for the rest
     of the process) and fresh write to sibling folders, each saying which it was."""
