@@ -3,8 +3,8 @@ in rounds of one run of each, back to back, the side that runs first alternating
 to round (torch, fused, then fused, torch, ...), so that a machine that speeds up or slows
 down during the measurement affects both sides alike.
 
-    python examples/compare_speed.py OUT_DIR [--rounds 3] [--steps 30] [train_gpt.py options]
-    python examples/compare_speed.py OUT_DIR --interleave [--rounds 3] [--steps 30] [...]
+    python examples/compare_speed.py OUT_DIR [--rounds 4] [--steps 30] [train_gpt.py options]
+    python examples/compare_speed.py OUT_DIR --interleave [--rounds 4] [--steps 30] [...]
 
 Each run is a fresh `examples/train_gpt.py` process (same seed, same data). Two rates per
 run: tokens/s over the run's elapsed time, and the rate of its median step (a step that a
@@ -219,7 +219,7 @@ def write_results(out: Path, stem: str, summary: dict, md: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=4,
                         help="runs of each norm (without --interleave: an even count lets "
                              "each norm run first in as many rounds)")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")

@@ -8,6 +8,9 @@
 #   bash tests/cpu_sanitize.sh                      the kernel tests below
 #   bash tests/cpu_sanitize.sh tests/test_fuzz.py   other tests (arguments go to pytest)
 #
+# The SIMD level is the build's default unless FUSEDNORM_CPU_CAPABILITY says (give each
+# level its own SANITIZE_TREE, e.g. build/sanitize-avx2, so that neither rebuilds all).
+#
 # SANITIZE_TREE: where the copy is built (default build/sanitize; kept, so a rerun compiles
 # only what changed). The CUDA kernels are checked by tests/sanitize.sh (compute-sanitizer)
 # on a GPU, and on the CPU by the emulator's own bounds checks (tests/emulation).
@@ -55,10 +58,9 @@ info = fusednorm.build_info()
 assert info["cpu_kernels"] and info["fast_calls"], info
 EOF
 if [[ $# -eq 0 ]]; then
-  set -- tests/test_layer_norm.py tests/test_rms_norm.py tests/test_add_norm.py \
-    tests/test_gelu_ffn.py tests/test_properties.py tests/test_residual_dtype.py \
-    tests/test_norm_bwd_input_grad.py tests/test_dropout.py tests/test_extreme_rows.py \
-    tests/test_fuzz.py tests/test_errors.py tests/test_arguments.py
+  # The kernel tests, and those that send bad or random arguments through the ops' checks.
+  mapfile -t files < <(grep -v -e '^#' -e '^$' tests/kernel_tests.txt)
+  set -- "${files[@]}" tests/test_fuzz.py tests/test_errors.py tests/test_arguments.py
 fi
 status=0
 "$PYTHON" -m pytest -q -p no:cacheprovider "$@" || status=$?
