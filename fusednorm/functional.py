@@ -68,12 +68,21 @@ def _normalized_shape_tuple(normalized_shape: int | Sequence[int],
     )
 
 
+def _check_dense(fn: str, name: str, t: torch.Tensor) -> None:
+    """t is strided (dense), as the kernels index it, or a jagged nested tensor (_jagged
+    runs the ops on its strided values)."""
+    if t.layout != torch.strided and t.layout != torch.jagged:
+        raise FusedTypeError(f"{fn}: {name} must be a dense tensor (torch.strided), got "
+                             f"{t.layout}")
+
+
 def _check_param(name: str, param, input: torch.Tensor, shape: tuple[int, ...],
                  fn: str = "fusednorm.layer_norm") -> None:
     if param is None:
         return
     if not isinstance(param, torch.Tensor):
         raise FusedTypeError(f"{fn}: {name} must be a Tensor or None, got {type(param).__name__}")
+    _check_dense(fn, name, param)
     if tuple(param.shape) != shape:
         raise FusedValueError(
             f"{fn}: {name} must have shape normalized_shape={list(shape)}, got {list(param.shape)}"
@@ -88,6 +97,7 @@ def _check_layer_norm_args(input, shape, weight, bias, eps, fn="fusednorm.layer_
                            names=("weight", "bias")) -> None:
     if not isinstance(input, torch.Tensor):
         raise FusedTypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
+    _check_dense(fn, "input", input)
     if input.dtype not in _FLOAT_DTYPES:
         raise FusedTypeError(
             f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}")
@@ -133,6 +143,7 @@ def _sum_dtype(fn: str, input: torch.Tensor, residual_dtype) -> torch.dtype:
 def _check_residual(fn, input, residual, residual_dtype) -> None:
     if not isinstance(residual, torch.Tensor):
         raise FusedTypeError(f"{fn}: residual must be a Tensor, got {type(residual).__name__}")
+    _check_dense(fn, "residual", residual)
     if residual.shape != input.shape:
         raise FusedValueError(f"{fn}: residual must have the input's shape "
                               f"{list(input.shape)}, got {list(residual.shape)}")
@@ -165,6 +176,7 @@ def _check_dropout(fn, input, dims, dropout_p, rowscale) -> None:
     if not isinstance(rowscale, torch.Tensor):
         raise FusedTypeError(f"{fn}: rowscale must be a Tensor or None, got "
                              f"{type(rowscale).__name__}")
+    _check_dense(fn, "rowscale", rowscale)
     lead = tuple(input.shape[:input.dim() - dims])
     if tuple(rowscale.shape) != lead:
         raise FusedValueError(f"{fn}: rowscale must have the shape of input's leading dims "
@@ -648,6 +660,7 @@ def _check_ffn_tensors(fn: str, input, tensors: dict) -> None:
     tensor on input's device with input's dtype."""
     if not isinstance(input, torch.Tensor):
         raise FusedTypeError(f"{fn}: input must be a Tensor, got {type(input).__name__}")
+    _check_dense(fn, "input", input)
     if input.dtype not in _FLOAT_DTYPES:
         raise FusedTypeError(
             f"{fn}: input must be float32, float64, float16 or bfloat16, got {input.dtype}"
@@ -657,6 +670,7 @@ def _check_ffn_tensors(fn: str, input, tensors: dict) -> None:
             continue
         if not isinstance(t, torch.Tensor):
             raise FusedTypeError(f"{fn}: {name} must be a Tensor, got {type(t).__name__}")
+        _check_dense(fn, name, t)
         if t.device != input.device:
             raise FusedValueError(f"{fn}: {name} is on {t.device} but input is on {input.device}")
         if t.dtype != input.dtype:

@@ -11,6 +11,7 @@
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
 
+#include <sstream>
 #include <string>
 
 #include "common/checks.h"
@@ -38,11 +39,39 @@ inline std::string python_dtype(at::ScalarType t) {
   }
 }
 
+// A layout as Python prints it ("torch.sparse_coo").
+inline std::string python_layout(at::Layout l) {
+  switch (l) {
+    case at::kStrided: return "torch.strided";
+    case at::kSparse: return "torch.sparse_coo";
+    case at::kSparseCsr: return "torch.sparse_csr";
+    case at::kSparseCsc: return "torch.sparse_csc";
+    case at::kSparseBsr: return "torch.sparse_bsr";
+    case at::kSparseBsc: return "torch.sparse_bsc";
+    case at::kMkldnn: return "torch._mkldnn";
+    case at::kJagged: return "torch.jagged";
+    default: {
+      std::ostringstream name;
+      name << "layout " << l;
+      return name.str();
+    }
+  }
+}
+
 inline bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || is_reduced_float(t);
 }
 
+// A tensor argument's layout: strided (dense), as the kernels index it. Sparse and MKLDNN
+// tensors otherwise failed deep inside a reshape, naming no argument.
+inline void check_dense(const char* fn, const char* name, const at::Tensor& t) {
+  if (C10_LIKELY(t.layout() == at::kStrided)) return;
+  TORCH_CHECK_TYPE(false, fn, ": ", name, " must be a dense tensor (torch.strided), got ",
+                   python_layout(t.layout()));
+}
+
 inline void check_public_input(const char* fn, const at::Tensor& input) {
+  check_dense(fn, "input", input);
   TORCH_CHECK_TYPE(is_supported_float(input.scalar_type()), fn,
                    ": input must be float32, float64, float16 or bfloat16, got ",
                    python_dtype(input.scalar_type()));
@@ -55,6 +84,7 @@ inline void check_norm_param(const char* fn, const char* name,
                              at::IntArrayRef shape) {
   if (!param.has_value() || !param->defined()) return;
   const at::Tensor& p = *param;
+  check_dense(fn, name, p);
   TORCH_CHECK_VALUE(p.sizes() == shape, fn, ": ", name, " must have shape normalized_shape=",
                     shape, ", got ", p.sizes());
   TORCH_CHECK(p.device() == input.device(), fn, ": ", name, " is on ", p.device(),
@@ -90,6 +120,7 @@ inline void check_layer_norm_call(const char* fn, const at::Tensor& input,
 // One tensor of the FFN: on input's device, with input's dtype.
 inline void check_ffn_operand(const char* fn, const char* name, const at::Tensor& t,
                               const at::Tensor& input) {
+  check_dense(fn, name, t);
   TORCH_CHECK(t.device() == input.device(), fn, ": ", name, " is on ", t.device(),
               " but input is on ", input.device());
   TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), fn, ": ", name,

@@ -63,6 +63,7 @@ inline at::ScalarType sum_type(const NormKind& kind, const at::Tensor& input,
 // The residual: the input's shape and device; the input's dtype, or the sum's (sum_type).
 inline void check_residual(const NormKind& kind, const at::Tensor& input,
                            const at::Tensor& residual, at::ScalarType sum) {
+  check_dense(kind.name, "residual", residual);
   TORCH_CHECK_VALUE(residual.sizes() == input.sizes(), kind.name,
                     ": residual must have the input's shape ", input.sizes(), ", got ",
                     residual.sizes());
@@ -99,6 +100,7 @@ inline void check_dropout(const NormKind& kind, const at::Tensor& input, int64_t
                     ": dropout_p must be in [0, 1], got ", dropout.p);
   if (!given(dropout.rowscale)) return;
   const at::Tensor& r = *dropout.rowscale;
+  check_dense(kind.name, "rowscale", r);
   const auto lead = input.sizes().slice(0, input.dim() - dims);
   TORCH_CHECK_VALUE(r.sizes() == lead, kind.name,
                     ": rowscale must have the shape of input's leading dims ", lead, ", got ",
@@ -149,6 +151,7 @@ inline Params effective_params(const NormKind& kind, const at::Tensor& input,
   const at::ScalarType type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto widened = [&](const OptTensor& param, const char* name) -> OptTensor {
     if (!param.has_value() || !param->defined()) return param;
+    check_dense(kind.name, name, *param);
     TORCH_CHECK_TYPE(is_supported_float(param->scalar_type()), kind.name, ": ", name,
                      " must be float32, float64, float16 or bfloat16, got ",
                      python_dtype(param->scalar_type()));
