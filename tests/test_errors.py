@@ -229,3 +229,42 @@ def test_compiled_call_rejects_while_tracing():
     compiled = torch.compile(lambda x, w: fusednorm.layer_norm(x, (8,), w), fullgraph=True)
     with pytest.raises(RuntimeError, match="weight must have shape normalized_shape"):
         compiled(X, torch.ones(7))
+
+
+def test_public_ops_check_layouts():
+    """A direct torch.ops call raises C++'s TypeError, naming the argument."""
+    with pytest.raises(TypeError, match="input must be a dense tensor"):
+        ops.layer_norm(X.to_sparse(), [8], None, None, 1e-5, False)
+    with pytest.raises(TypeError, match="weight2 must be a dense tensor"):
+        ops.gelu_ffn(X, W1, None, W2.to_sparse(), None, "none")
+
+
+def test_layouts_refused_without_kernels(monkeypatch):
+    """Where no compiled kernel serves the call (the plain-PyTorch fallback), a sparse
+    argument gets the same error, from the Python checks."""
+    import types
+
+    from fusednorm import _loader, functional
+    from fusednorm import ops as fused_ops
+
+    def no_kernel(*args):
+        raise NotImplementedError("Could not run 'fusednorm::layer_norm' with arguments from "
+                                  "the 'CPU' backend")
+
+    names = ("layer_norm", "rms_norm", "add_layer_norm", "gelu_ffn")
+    for name in names:
+        monkeypatch.setattr(fused_ops, name.upper(), no_kernel)
+    monkeypatch.setattr(fused_ops, "FAST", types.SimpleNamespace(
+        **{name: (lambda *a: NotImplemented) for name in names}))
+    monkeypatch.setattr(_loader, "KERNELS", frozenset())
+    monkeypatch.setattr(functional, "_warned_fallback", set())
+    sparse = X.to_sparse()
+    for call, pattern in [
+        (lambda: ln(sparse), "fusednorm.layer_norm: input must be a dense"),
+        (lambda: rms(X, (8,), torch.ones(8).to_sparse()), "fusednorm.rms_norm: weight must be a dense"),
+        (lambda: add_ln(X, sparse), "fusednorm.add_layer_norm: residual must be a dense"),
+        (lambda: ffn(X, W1.to_sparse(), None, W2, None), "fusednorm.gelu_ffn: weight1 must be a dense"),
+    ]:
+        with pytest.raises(TypeError, match=pattern) as raised:
+            call()
+        assert isinstance(raised.value, RuntimeError)
