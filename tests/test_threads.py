@@ -34,6 +34,11 @@ def _inputs(case: int):
     return x, r, w, b, dy, w1, w2
 
 
+# The FFN's results come out of the GEMM library, whose split of the work is its own: they
+# are compared within rounding (a shared scratch would be far off), the norms' bitwise.
+FFN_RESULTS = 4  # the last _run results: the FFN's output and its three gradients
+
+
 def _run(case: int) -> list[torch.Tensor]:
     """Forward and backward of every op on the case's tensors: outputs and gradients."""
     x, r, w, b, dy, w1, w2 = (t.requires_grad_() if i != 4 else t
@@ -62,4 +67,7 @@ def test_concurrent_calls_equal_serial_calls(threads):
         for case, got in zip(jobs, pool.map(_run, jobs)):
             assert len(got) == len(serial[case])
             for i, (a, e) in enumerate(zip(got, serial[case])):
-                assert torch.equal(a, e), f"case {CASES[case]}, result {i} differs from serial"
+                if i >= len(got) - FFN_RESULTS:
+                    torch.testing.assert_close(a, e, msg=lambda m: f"case {CASES[case]}: {m}")
+                else:
+                    assert torch.equal(a, e), f"case {CASES[case]}, result {i} differs from serial"
