@@ -1,6 +1,8 @@
 """The ops under torch.library.opcheck, torch.compile(fullgraph=True) and autocast."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -238,6 +240,47 @@ def test_compiled_autograd_with_saved_tensor_hooks():
     assert unpacked, "the unpack hooks did not run"
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(torch.torch_version.TorchVersion(torch.__version__) < (2, 14),
+                    reason="fusednorm's backward nodes take part in compiled autograd from "
+                           "PyTorch 2.14")
+@pytest.mark.parametrize("frozen", [False, True])
+def test_compiled_autograd_second_derivative_of_an_ffn(frozen):
+    """A gradient penalty (create_graph) under compiled autograd: eager's second derivative
+    with a trainable weight; with every parameter frozen the FFN did not save its input, and
+    compiled autograd's form of its node cannot reach it, so the backward raises, naming the
+    op, rather than drop the gelu'' term."""
+    from torch._dynamo import compiled_autograd
+
+    w1, w2 = (random_input(s, torch.float64, "cpu", seed=i) for i, s in
+              enumerate([(24, 16), (16, 24)]))
+    w1.requires_grad_(not frozen)
+    x0 = random_input((5, 16), torch.float64, "cpu", seed=3)
+
+    def penalty_grad(ffn, compiled):
+        x = x0.clone().requires_grad_()
+        ctx = (compiled_autograd._enable(lambda gm: torch.compile(gm, backend="aot_eager"))
+               if compiled else contextlib.nullcontext())
+        with ctx:
+            (g,) = torch.autograd.grad(ffn(x).sin().sum(), x, create_graph=True)
+            g.square().sum().backward()
+        return x.grad
+
+    def fused(x):
+        return fusednorm.gelu_ffn(x, w1, None, w2, None)
+
+    def eager(x):
+        return F.linear(F.gelu(F.linear(x, w1)), w2)
+
+    expected = penalty_grad(eager, compiled=False)
+    torch.testing.assert_close(penalty_grad(fused, compiled=False), expected)
+    torch._dynamo.reset()
+    if frozen:
+        with pytest.raises(RuntimeError, match="compiled autograd cannot differentiate"):
+            penalty_grad(fused, compiled=True)
+    else:
+        torch.testing.assert_close(penalty_grad(fused, compiled=True), expected)
 
 
 def test_autocast_cpu_leaves_layer_norm_alone():

@@ -486,6 +486,35 @@ def test_saved_activations_halved(device, dtype):
     assert [shape for shape, _ in ours] == [(200, 128)]
 
 
+def _saved_storages(fn):
+    """The storages (data pointers) of the tensors autograd saves while fn() runs."""
+    saved = set()
+
+    def pack(t):
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return saved
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("trainable", [False, True])
+def test_frozen_ffn_does_not_keep_its_input(device, trainable):
+    """With every parameter frozen (fine-tuning elsewhere: LoRA on the attention alone) the
+    input's gradient needs the pre-activation and the weights, not the input: like eager's
+    frozen Linear, the FFN does not save it (a pre-LN block's norm output would live until
+    the backward for nothing). With trainable weights it does: dW1 reads it."""
+    fused, eager = _ffn_module_pair(32, 128, True, "none", torch.bfloat16, device)
+    fused.requires_grad_(trainable)
+    eager.requires_grad_(trainable)
+    x = random_input((4, 50, 32), torch.bfloat16, device).requires_grad_()
+    x_storage = x.untyped_storage().data_ptr()
+    assert (x_storage in _saved_storages(lambda: fused(x))) == trainable
+    assert (x_storage in _saved_storages(lambda: eager(x))) == trainable
+
+
 class _PlusInput(nn.Module):
     """x + inner(x): the residual block the fused LayerNorm block computes."""
 

@@ -45,6 +45,38 @@ def test_gelu_ffn_gradgradcheck(device, approximate, bias):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_frozen_gelu_ffn_derivatives_of_every_order(device, approximate, bias):
+    """Every parameter frozen: the input is not saved, and a differentiable backward reaches
+    the input through the saved pre-activation. Second and third derivatives in the input
+    equal eager's (and pass gradgradcheck); a detached or constant pre-activation would drop
+    the gelu'' term."""
+    x = _rand((2, 3, 5), device, 0, scale=1.5)
+    w1, b1, w2, b2 = (t.detach() for t in _ffn_params(device, out=4))
+    if not bias:
+        b1 = b2 = None
+
+    def fused(x):
+        return fusednorm.gelu_ffn(x, w1, b1, w2, b2, approximate)
+
+    def eager(x):
+        return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
+
+    def third(fn):
+        leaf = x.clone().requires_grad_()
+        (g1,) = torch.autograd.grad(fn(leaf).pow(3).sum(), leaf, create_graph=True)
+        (g2,) = torch.autograd.grad(g1.pow(2).sum(), leaf, create_graph=True)
+        return (g2, *torch.autograd.grad(g2.sin().sum(), leaf))
+
+    for a, e in zip(third(fused), third(eager)):
+        torch.testing.assert_close(a, e)
+    leaf = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(fused, (leaf,))
+    assert torch.autograd.gradgradcheck(fused, (leaf,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_layer_norm_gelu_ffn_gradgradcheck(device):
     x = _rand((3, 5), device, 0, scale=1.5).requires_grad_()
     ln_w, ln_b = (_rand((5,), device, s).requires_grad_() for s in (1, 2))

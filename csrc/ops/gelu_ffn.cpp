@@ -43,21 +43,79 @@ at::Tensor ffn_reference(const at::Tensor& input, const at::Tensor& weight1,
   return at::linear(at::gelu(at::linear(input, weight1, bias1), approximate), weight2, bias2);
 }
 
+// The input's sizes from the gradient of the output (the input's leading dims) and weight1.
+std::vector<c10::SymInt> input_sizes(const at::Tensor& grad_out, const at::Tensor& weight1) {
+  std::vector<c10::SymInt> sizes = grad_out.sym_sizes().vec();
+  sizes.back() = weight1.sym_size(1);
+  return sizes;
+}
+
+// hidden = x W1^T + b1 of an FFN with every parameter frozen, as a function of its input x,
+// whose gradient g W1 goes to the input's edge: a differentiable backward of that FFN (whose
+// input was not saved) reaches the input through hidden.
+struct FrozenHiddenBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable weight1_;
+  std::vector<c10::SymInt> input_sizes_;
+
+  std::string name() const override { return "fusednorm.gelu_ffnHiddenBackward"; }
+
+  void release_variables() override { weight1_.reset_data(); }
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor()};
+    return {at::mm(grads[0], weight1_.unpack()).view_symint(input_sizes_)};
+  }
+};
+
+// The saved hidden with the history of FrozenHiddenBackward (next edge: the input's).
+at::Tensor hidden_with_history(const at::Tensor& hidden, const at::Tensor& weight1,
+                               const torch::autograd::Edge& input_edge,
+                               std::vector<c10::SymInt> sizes) {
+  auto [node_ptr, node] = make_node<FrozenHiddenBackward>();
+  node->set_next_edges({input_edge});
+  node->weight1_ = torch::autograd::SavedVariable(weight1, /*is_output=*/false);
+  node->input_sizes_ = std::move(sizes);
+  at::Tensor result = hidden.detach();
+  torch::autograd::set_history(result, node_ptr);
+  announce_node(node_ptr);
+  return result;
+}
+
+// Whether a tensor is a torch.func grad or jvp transform's wrapper: a transform outside the
+// one recording this op, whose tangents the saved tensors must carry.
+inline bool transform_wrapper(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper);
+}
+inline bool transform_wrapper(const OptTensor& t) {
+  return t.has_value() && transform_wrapper(*t);
+}
+template <class... Ts>
+bool any_transform_wrapper(const Ts&... tensors) {
+  return (transform_wrapper(tensors) || ...);
+}
+
 // The backward node of a recorded gelu_ffn: a torch::autograd::Node of our own, as the
 // norms' NormBackward (the C++ API of torch::autograd::Function works with none of
 // torch.func's transforms). Next edges: input, weight1, bias1, weight2, bias2. Saved: those
 // and hidden = x W1^T + b1, all the backward keeps besides the parameters: gelu of it is
-// recomputed there.
+// recomputed there. With every parameter frozen (and no tangent) the input is not saved,
+// as eager's frozen Linear does not save it: the input's gradient needs hidden alone.
 struct GeluFFNBackward : public SavedListNode {
   std::string approximate_;
 
   std::string name() const override { return "fusednorm.gelu_ffnBackward"; }
 
   variable_list apply(variable_list&& grads) override {
-    return backward(unpack_saved(), grads, approximate_, wanted_outputs());
+    variable_list s = unpack_saved();
+    if (!s[0].defined() && at::GradMode::is_enabled() && grads[0].defined() &&
+        next_edge(0).is_valid()) {
+      s[5] = hidden_with_history(s[5], s[1], next_edge(0), input_sizes(grads[0], s[1]));
+    }
+    return backward(s, grads, approximate_, wanted_outputs());
   }
 
-  // The gradients from the saved tensors s (as saved) and grads; wanted: wanted_outputs().
+  // The gradients from the saved tensors s (hidden: with the input's history in a
+  // differentiable backward of a frozen FFN) and grads; wanted: wanted_outputs().
   static variable_list backward(const variable_list& s, const variable_list& grads,
                                 const std::string& approximate,
                                 const std::vector<bool>& wanted) {
@@ -66,19 +124,28 @@ struct GeluFFNBackward : public SavedListNode {
     const at::Tensor& grad_out = grads[0];
     if (!grad_out.defined()) return variable_list(5);
 
-    if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable backward
+    if (at::GradMode::is_enabled() && input.defined()) {  // create_graph=True
       return formulas::ffn_backward(input, weight1, bias1, weight2, bias2, approximate,
                                     grad_out);
     }
-
     if (!any_wanted(wanted, 1, 5)) {
       // Frozen weights and biases (fine-tuning around them): dx alone, not the kernel that
-      // also forms dW1 and dW2.
-      return {shaped_like(formulas::ffn_input_grad(as_rows(grad_out, 1), weight1, weight2,
-                                                   hidden, approximate),
-                          input.sym_sizes()),
+      // also forms dW1 and dW2; differentiable through hidden's history in grad mode.
+      if (!wanted[0]) return variable_list(5);
+      // (Compiled autograd's functional form has no input edge to give hidden a history.)
+      TORCH_CHECK(!at::GradMode::is_enabled() || hidden.grad_fn(),
+                  "fusednorm.gelu_ffn: compiled autograd cannot differentiate the backward "
+                  "(create_graph=True) of an FFN whose parameters were all frozen in its "
+                  "forward, which did not save its input; run that backward without compiled "
+                  "autograd");
+      return {formulas::ffn_input_grad(as_rows(grad_out, 1), weight1, weight2, hidden,
+                                       approximate)
+                  .view_symint(input_sizes(grad_out, weight1)),
               {}, {}, {}, {}};
     }
+    TORCH_CHECK(input.defined(), "fusednorm.gelu_ffn: a parameter's gradient asked of an FFN "
+                "whose parameters were all frozen in its forward");
+
     // Grad mode is off: straight to the backend kernel (see NormBackward::apply).
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [grad_input, grad_w1, grad_b1, grad_w2, grad_b2] = row_ops::gelu_ffn_bwd().call(
@@ -127,8 +194,14 @@ Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
     auto [out, hidden] = below();
     torch::autograd::set_history(out, node_ptr);  // hidden: no history, not differentiable
     node->approximate_ = std::string(approximate);
-    node->save({input, weight1, defined_or_empty(bias1), weight2, defined_or_empty(bias2),
-                hidden});
+    // Forward over reverse (a tangent; torch.func's transforms around this one, as in
+    // hessian) recomputes hidden from the input: the saved hidden carries no tangent.
+    const bool frozen =
+        !requires_grad(weight1) && !requires_grad(bias1) && !requires_grad(weight2) &&
+        !requires_grad(bias2) && !any_tangent(input, weight1, bias1, weight2, bias2) &&
+        !any_transform_wrapper(input, weight1, bias1, weight2, bias2);
+    node->save({frozen ? at::Tensor() : input, weight1, defined_or_empty(bias1), weight2,
+                defined_or_empty(bias2), hidden});
     announce_node(node_ptr);
     return {out, hidden};
   }();
