@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import swap_targets
 from ._fingerprint import fingerprint, methods_from_source
@@ -176,14 +177,17 @@ def _plan(model: nn.Module, families: Optional[tuple[str, ...]]) -> NormReport:
     entries = []
     differs: dict[type, Optional[str]] = {}  # per class, once per plan
     for name, module in model.named_modules():
-        cls = class_name(type(module))
+        # A parametrized module (torch.nn.utils.parametrize) is of a class made for it over
+        # its own: swapped by that one.
+        base = parametrize.type_before_parametrizations(module)
+        cls = class_name(base)
         swap = table.get(cls)
         if isinstance(module, fused):
-            entries.append(NormEntry(name, cls, "fused", ""))
+            entries.append(NormEntry(name, class_name(type(module)), "fused", ""))
         elif swap is not None:
-            if cls in SWAPPED and type(module) not in differs:
-                differs[type(module)] = _code_differs(type(module), cls)
-            reason = differs.get(type(module)) or swap.keep_if(module)
+            if cls in SWAPPED and base not in differs:
+                differs[base] = _code_differs(base, cls)
+            reason = differs.get(base) or swap.keep_if(module)
             entries.append(NormEntry(name, cls, "keep", reason) if reason
                            else NormEntry(name, cls, "swap", swap.target.__name__))
         elif _is_norm(module):
@@ -225,6 +229,19 @@ def norm_report(model: nn.Module) -> NormReport:
     return _plan(model, None)
 
 
+def _swapped_class(module: nn.Module, target: type) -> type:
+    """The class `module` takes: `target`, or for a parametrized module one made over
+    `target` with the properties of its parametrized tensors, as torch.nn.utils.parametrize
+    makes it: its own (parametrize adds and removes properties on it), so that forward reads
+    weight and bias through their parametrizations and remove_parametrizations leaves a plain
+    `target`."""
+    if not parametrize.is_parametrized(module):
+        return target
+    own = {k: v for k, v in vars(type(module)).items()
+           if k not in ("__dict__", "__weakref__", "__module__", "__qualname__")}
+    return type(f"Parametrized{target.__name__}", (target,), own)
+
+
 def swap_modules(model: nn.Module, families: tuple[str, ...], caller: str) -> NormReport:
     """Swaps, in place, every module of `model` whose class SWAPS lists under `families`;
     logs what it did at INFO level on the "fusednorm" logger, and warns when the model has
@@ -238,7 +255,7 @@ def swap_modules(model: nn.Module, families: tuple[str, ...], caller: str) -> No
             swap = SWAPS[entry.cls]
             if swap.adapt is not None:
                 swap.adapt(module)
-            module.__class__ = swap.target
+            module.__class__ = _swapped_class(module, swap.target)
     swapped, fused, kept = plan.count("swap"), plan.count("fused"), plan.count("keep")
     message = f"{caller}: swapped {swapped} norm module(s)"
     if swapped:

@@ -165,6 +165,61 @@ def test_replace_norms_swaps_rms_norm_and_layer_norm_in_place():
     torch.testing.assert_close(model(x), expected)
 
 
+class _Doubled(nn.Module):
+    """A parametrization: the tensor times two (random data stays random)."""
+
+    def forward(self, t):
+        return 2 * t
+
+
+def test_replace_norms_swaps_parametrized_norms():
+    """Norms under torch.nn.utils.parametrize (weight_norm's kind) are swapped too: same
+    results and gradients (through the parametrization to its `original`, the same
+    Parameter object), each module its own class (parametrize adds and removes properties
+    on it), and remove_parametrizations leaves the plain fused class."""
+    from torch.nn.utils import parametrize
+
+    def model():
+        torch.manual_seed(0)
+        norms = nn.Sequential(nn.LayerNorm(6), nn.RMSNorm(6), nn.LayerNorm(6), nn.LayerNorm(6))
+        with torch.no_grad():
+            for norm in norms:
+                norm.weight.uniform_(0.5, 1.5)
+        parametrize.register_parametrization(norms[0], "weight", _Doubled())
+        parametrize.register_parametrization(norms[0], "bias", _Doubled())
+        parametrize.register_parametrization(norms[1], "weight", _Doubled())
+        parametrize.register_parametrization(norms[2], "weight", _Doubled())
+        return norms
+
+    eager, fused = model(), model()
+    original = fused[0].parametrizations.weight.original
+    fusednorm.replace_norms(fused)
+    assert [type(m).__name__ for m in fused] == [
+        "ParametrizedFusedLayerNorm", "ParametrizedFusedRMSNorm", "ParametrizedFusedLayerNorm",
+        "FusedLayerNorm"]
+    assert all(isinstance(m, fusednorm.FusedLayerNorm) for m in fused[::2])
+    assert type(fused[0]) is not type(fused[2])
+    assert fused[0].parametrizations.weight.original is original
+    assert fusednorm.norm_report(fused).count("fused") == 4
+    x = random_input((4, 6), torch.float32, "cpu")
+    y, y_eager = fused(x), eager(x)
+    torch.testing.assert_close(y, y_eager)
+    dy = random_input((4, 6), torch.float32, "cpu", seed=1)
+    y.backward(dy)
+    y_eager.backward(dy)
+    for (name, p), (_, p_eager) in zip(fused.named_parameters(), eager.named_parameters()):
+        torch.testing.assert_close(p.grad, p_eager.grad, msg=name)
+
+    # Removing one module's parametrizations leaves the others' classes as they were.
+    weight = fused[0].weight.detach().clone()
+    parametrize.remove_parametrizations(fused[0], "weight")
+    parametrize.remove_parametrizations(fused[0], "bias")
+    assert type(fused[0]) is fusednorm.FusedLayerNorm
+    assert type(fused[2]).__name__ == "ParametrizedFusedLayerNorm"
+    torch.testing.assert_close(fused[0].weight, weight)
+    torch.testing.assert_close(fused(x), eager(x))
+
+
 def test_replace_layernorm_leaves_rms_norm_to_replace_norms():
     model = nn.Sequential(nn.RMSNorm(4), nn.LayerNorm(4))
     fusednorm.replace_layernorm(model)
