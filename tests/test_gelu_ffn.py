@@ -228,6 +228,83 @@ def test_ffn_with_frozen_parameters(device, dtype, approximate, bias):
     _check_all([dx], [dx_eager], [dx64], dtype, ["dx"])
 
 
+# Parameters that train while the others are frozen: BitFit (biases), LoRA-style around one
+# linear (fc2 or fc1 alone), and fc1's bias alone.
+PARTIAL = {"biases": ("fc1.bias", "fc2.bias"), "fc2": ("fc2.weight", "fc2.bias"),
+           "fc1": ("fc1.weight", "fc1.bias"), "fc1.bias": ("fc1.bias",)}
+
+
+def _backward_ops(fn):
+    """The ops the backward of fn() runs (torch.ops overload packets), in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket)
+            return func(*args, **(kwargs or {}))
+
+    recorder = Record()
+    out = fn()
+    with recorder:
+        out.backward(torch.ones_like(out))
+    return recorder.ops
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+@pytest.mark.parametrize("block", [False, True])
+@pytest.mark.parametrize("trainable", list(PARTIAL))
+def test_ffn_with_some_parameters_frozen(device, dtype, approximate, block, trainable):
+    """Some FFN parameters frozen: each trainable one's gradient and the input's, three-way
+    against eager and float64; the backward forms no GEMM that eager does not (a frozen
+    weight's gradient is not formed and dropped); the input is saved only where fc1's weight
+    trains (its gradient alone reads it)."""
+    batch, d, hidden = (3, 50), 24, 97
+    if block:
+        fused, eager = _block_pair(d, hidden, True, approximate, dtype, device)
+        eager_fn = lambda x: x + eager(x)  # noqa: E731
+        prefix = {"fc1": "1", "fc2": "3"}
+    else:
+        fused, eager = _ffn_module_pair(d, hidden, True, approximate, dtype, device)
+        eager_fn = eager
+        prefix = {"fc1": "0", "fc2": "2"}
+    names = PARTIAL[trainable]
+    eager_names = [prefix[n.split(".")[0]] + "." + n.split(".")[1] for n in names]
+    for name, p in fused.named_parameters():
+        p.requires_grad_(name in names)
+    for name, p in eager.named_parameters():
+        p.requires_grad_(name in eager_names)
+    fused_params = [dict(fused.named_parameters())[n] for n in names]
+    eager_params = [dict(eager.named_parameters())[n] for n in eager_names]
+
+    x = random_input((*batch, d), dtype, device).requires_grad_()
+    dy = random_input((*batch, d), dtype, device, scale=1.0, shift=0.0, seed=1)
+    grads = _grads(fused(x), [x, *fused_params], dy)
+    eager_grads = _grads(eager_fn(x), [x, *eager_params], dy)
+    x64, *p64 = _float64_leaves([x, *_params(fused)])
+    if block:
+        y64 = reference.layer_norm_gelu_ffn(x64, p64[0], p64[1], 1e-5, *p64[2:], approximate)
+    else:
+        y64 = reference.gelu_ffn(x64, *p64, approximate)
+    p64_by_name = dict(zip([n for n, _ in fused.named_parameters()], p64))
+    ref = _grads(y64, [x64, *[p64_by_name[n] for n in names]], dy.double())
+    _check_all(grads, eager_grads, ref, dtype, ["dx", *names], rows=x.numel() // d)
+
+    gemms = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm}
+    ours = _backward_ops(lambda: fused(x))
+    theirs = _backward_ops(lambda: eager_fn(x))
+    assert torch.ops.fusednorm.gelu_ffn_bwd not in ours, ours
+    assert sum(op in gemms for op in ours) <= sum(op in gemms for op in theirs), (ours, theirs)
+    if not block:
+        x_storage = x.untyped_storage().data_ptr()
+        assert (x_storage in _saved_storages(lambda: fused(x))) == ("fc1.weight" in names)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", APPROXIMATE)

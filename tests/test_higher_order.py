@@ -46,34 +46,43 @@ def test_gelu_ffn_gradgradcheck(device, approximate, bias):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-@pytest.mark.parametrize("bias", [True, False])
-def test_frozen_gelu_ffn_derivatives_of_every_order(device, approximate, bias):
-    """Every parameter frozen: the input is not saved, and a differentiable backward reaches
-    the input through the saved pre-activation. Second and third derivatives in the input
-    equal eager's (and pass gradgradcheck); a detached or constant pre-activation would drop
-    the gelu'' term."""
+@pytest.mark.parametrize("trainable", ["none", "biases", "weight2"])
+def test_frozen_gelu_ffn_derivatives_of_every_order(device, approximate, trainable):
+    """weight1 frozen (every parameter, the biases alone trained as in BitFit, or weight2):
+    the input is not saved, and a differentiable backward reaches the input and bias1
+    through the saved pre-activation. Second and third derivatives equal eager's (and pass
+    gradgradcheck); a detached or constant pre-activation would drop the gelu'' term."""
     x = _rand((2, 3, 5), device, 0, scale=1.5)
     w1, b1, w2, b2 = (t.detach() for t in _ffn_params(device, out=4))
-    if not bias:
-        b1 = b2 = None
+    if trainable == "none":
+        b1 = b2 = None  # (and no bias at all)
+    names = {"none": [], "biases": ["b1", "b2"], "weight2": ["w2"]}[trainable]
+    frozen = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    trained = [frozen[n] for n in names]
 
-    def fused(x):
-        return fusednorm.gelu_ffn(x, w1, b1, w2, b2, approximate)
+    def parameters(trained):
+        p = {**frozen, **dict(zip(names, trained))}
+        return p["w1"], p["b1"], p["w2"], p["b2"]
 
-    def eager(x):
+    def fused(x, *trained):
+        return fusednorm.gelu_ffn(x, *parameters(trained), approximate)
+
+    def eager(x, *trained):
+        w1, b1, w2, b2 = parameters(trained)
         return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
 
     def third(fn):
-        leaf = x.clone().requires_grad_()
-        (g1,) = torch.autograd.grad(fn(leaf).pow(3).sum(), leaf, create_graph=True)
-        (g2,) = torch.autograd.grad(g1.pow(2).sum(), leaf, create_graph=True)
-        return (g2, *torch.autograd.grad(g2.sin().sum(), leaf))
+        leaves = [t.clone().requires_grad_() for t in (x, *trained)]
+        firsts = torch.autograd.grad(fn(*leaves).pow(3).sum(), leaves, create_graph=True)
+        seconds = torch.autograd.grad(sum(g.pow(2).sum() for g in firsts), leaves,
+                                      create_graph=True)
+        return (*seconds, *torch.autograd.grad(sum(g.sin().sum() for g in seconds), leaves))
 
     for a, e in zip(third(fused), third(eager)):
         torch.testing.assert_close(a, e)
-    leaf = x.clone().requires_grad_()
-    assert torch.autograd.gradcheck(fused, (leaf,))
-    assert torch.autograd.gradgradcheck(fused, (leaf,))
+    leaves = [t.clone().requires_grad_() for t in (x, *trained)]
+    assert torch.autograd.gradcheck(fused, leaves)
+    assert torch.autograd.gradgradcheck(fused, leaves)
 
 
 @pytest.mark.parametrize("device", DEVICES)

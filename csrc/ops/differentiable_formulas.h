@@ -136,13 +136,26 @@ inline at::Tensor ffn_hidden_grad(const at::Tensor& dy, const at::Tensor& weight
   return at::gelu_backward(at::mm(dy, weight2), hidden, approximate);
 }
 
-// The gradient of the FFN's input alone ([rows, K]), as eager's two GEMMs and GELU backward:
-// the backward of an FFN whose parameters ask for none (frozen), which needs neither the
-// activation nor the input itself.
-inline at::Tensor ffn_input_grad(const at::Tensor& dy, const at::Tensor& weight1,
-                                 const at::Tensor& weight2, const at::Tensor& hidden,
-                                 const std::string& approximate) {
-  return at::mm(ffn_hidden_grad(dy, weight2, hidden, approximate), weight1);
+// The gradients (input as [rows, K], weight1, bias1, weight2, bias2) of the FFN from its
+// pre-activation hidden, each formed only where `wanted` (biases: where has_bias), with
+// eager's ops: a frozen weight costs no GEMM. x ([rows, K]) is read for weight1's alone.
+// Differentiable in grad mode (through hidden's history for the input).
+inline std::vector<at::Tensor> ffn_wanted_grads(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& weight1, bool has_bias1,
+                                                const at::Tensor& weight2, bool has_bias2,
+                                                const at::Tensor& hidden,
+                                                const std::string& approximate,
+                                                const std::vector<bool>& wanted) {
+  std::vector<at::Tensor> grads(5);
+  if (wanted[0] || wanted[1] || (wanted[2] && has_bias1)) {
+    const at::Tensor grad_hidden = ffn_hidden_grad(dy, weight2, hidden, approximate);
+    if (wanted[0]) grads[0] = at::mm(grad_hidden, weight1);
+    if (wanted[1]) grads[1] = at::mm(grad_hidden.t(), x);
+    if (wanted[2] && has_bias1) grads[2] = grad_hidden.sum(0);
+  }
+  if (wanted[3]) grads[3] = at::mm(dy.t(), at::gelu(hidden, approximate));
+  if (wanted[4] && has_bias2) grads[4] = dy.sum(0);
+  return grads;
 }
 
 // The gradients (input, weight1, bias1, weight2, bias2) of out = gelu(x W1^T + b1) W2^T + b2.

@@ -50,9 +50,10 @@ std::vector<c10::SymInt> input_sizes(const at::Tensor& grad_out, const at::Tenso
   return sizes;
 }
 
-// hidden = x W1^T + b1 of an FFN with every parameter frozen, as a function of its input x,
-// whose gradient g W1 goes to the input's edge: a differentiable backward of that FFN (whose
-// input was not saved) reaches the input through hidden.
+// hidden = x W1^T + b1 of an FFN whose weight1 is frozen, as a function of its input x and
+// bias1, whose gradient g goes on as g W1 to the input's edge and as g's column sums to
+// bias1's: a differentiable backward of that FFN (whose input was not saved) reaches them
+// through hidden.
 struct FrozenHiddenBackward : public torch::autograd::Node {
   torch::autograd::SavedVariable weight1_;
   std::vector<c10::SymInt> input_sizes_;
@@ -62,17 +63,23 @@ struct FrozenHiddenBackward : public torch::autograd::Node {
   void release_variables() override { weight1_.reset_data(); }
 
   variable_list apply(variable_list&& grads) override {
-    if (!grads[0].defined()) return {at::Tensor()};
-    return {at::mm(grads[0], weight1_.unpack()).view_symint(input_sizes_)};
+    variable_list result(2);
+    if (!grads[0].defined()) return result;
+    if (task_should_compute_output(0)) {
+      result[0] = at::mm(grads[0], weight1_.unpack()).view_symint(input_sizes_);
+    }
+    if (task_should_compute_output(1)) result[1] = grads[0].sum(0);
+    return result;
   }
 };
 
-// The saved hidden with the history of FrozenHiddenBackward (next edge: the input's).
+// The saved hidden with the history of FrozenHiddenBackward (next edges: the input's and
+// bias1's).
 at::Tensor hidden_with_history(const at::Tensor& hidden, const at::Tensor& weight1,
-                               const torch::autograd::Edge& input_edge,
+                               torch::autograd::edge_list edges,
                                std::vector<c10::SymInt> sizes) {
   auto [node_ptr, node] = make_node<FrozenHiddenBackward>();
-  node->set_next_edges({input_edge});
+  node->set_next_edges(std::move(edges));
   node->weight1_ = torch::autograd::SavedVariable(weight1, /*is_output=*/false);
   node->input_sizes_ = std::move(sizes);
   at::Tensor result = hidden.detach();
@@ -98,8 +105,8 @@ bool any_transform_wrapper(const Ts&... tensors) {
 // norms' NormBackward (the C++ API of torch::autograd::Function works with none of
 // torch.func's transforms). Next edges: input, weight1, bias1, weight2, bias2. Saved: those
 // and hidden = x W1^T + b1, all the backward keeps besides the parameters: gelu of it is
-// recomputed there. With every parameter frozen (and no tangent) the input is not saved,
-// as eager's frozen Linear does not save it: the input's gradient needs hidden alone.
+// recomputed there. With weight1 frozen (and no tangent) the input is not saved, as eager's
+// frozen Linear does not save it: only weight1's gradient reads it.
 struct GeluFFNBackward : public SavedListNode {
   std::string approximate_;
 
@@ -107,15 +114,15 @@ struct GeluFFNBackward : public SavedListNode {
 
   variable_list apply(variable_list&& grads) override {
     variable_list s = unpack_saved();
-    if (!s[0].defined() && at::GradMode::is_enabled() && grads[0].defined() &&
-        next_edge(0).is_valid()) {
-      s[5] = hidden_with_history(s[5], s[1], next_edge(0), input_sizes(grads[0], s[1]));
+    if (!s[0].defined() && at::GradMode::is_enabled() && grads[0].defined()) {
+      s[5] = hidden_with_history(s[5], s[1], {next_edge(0), next_edge(2)},
+                                 input_sizes(grads[0], s[1]));
     }
     return backward(s, grads, approximate_, wanted_outputs());
   }
 
-  // The gradients from the saved tensors s (hidden: with the input's history in a
-  // differentiable backward of a frozen FFN) and grads; wanted: wanted_outputs().
+  // The gradients from the saved tensors s (hidden: with the history of the input and bias1
+  // in a differentiable backward without the input) and grads; wanted: wanted_outputs().
   static variable_list backward(const variable_list& s, const variable_list& grads,
                                 const std::string& approximate,
                                 const std::vector<bool>& wanted) {
@@ -128,23 +135,25 @@ struct GeluFFNBackward : public SavedListNode {
       return formulas::ffn_backward(input, weight1, bias1, weight2, bias2, approximate,
                                     grad_out);
     }
-    if (!any_wanted(wanted, 1, 5)) {
-      // Frozen weights and biases (fine-tuning around them): dx alone, not the kernel that
-      // also forms dW1 and dW2; differentiable through hidden's history in grad mode.
-      if (!wanted[0]) return variable_list(5);
-      // (Compiled autograd's functional form has no input edge to give hidden a history.)
+    TORCH_CHECK(input.defined() || !wanted[1],
+                "fusednorm.gelu_ffn: weight1's gradient asked of an FFN whose weight1 was "
+                "frozen in its forward");
+    if (!wanted[1] || !wanted[3]) {
+      // A frozen weight (fine-tuning around it: LoRA, BitFit): the wanted gradients alone,
+      // not the kernel that forms dW1 and dW2 both; differentiable in grad mode through
+      // hidden's history.
+      // (Compiled autograd's functional form has no edges to give hidden a history.)
       TORCH_CHECK(!at::GradMode::is_enabled() || hidden.grad_fn(),
                   "fusednorm.gelu_ffn: compiled autograd cannot differentiate the backward "
-                  "(create_graph=True) of an FFN whose parameters were all frozen in its "
-                  "forward, which did not save its input; run that backward without compiled "
+                  "(create_graph=True) of an FFN whose weight1 was frozen in its forward, "
+                  "which did not save its input; run that backward without compiled "
                   "autograd");
-      return {formulas::ffn_input_grad(as_rows(grad_out, 1), weight1, weight2, hidden,
-                                       approximate)
-                  .view_symint(input_sizes(grad_out, weight1)),
-              {}, {}, {}, {}};
+      variable_list result = formulas::ffn_wanted_grads(
+          as_rows(grad_out, 1), input.defined() ? as_rows(input, 1) : at::Tensor(), weight1,
+          bias1.defined(), weight2, bias2.defined(), hidden, approximate, wanted);
+      if (result[0].defined()) result[0] = result[0].view_symint(input_sizes(grad_out, weight1));
+      return result;
     }
-    TORCH_CHECK(input.defined(), "fusednorm.gelu_ffn: a parameter's gradient asked of an FFN "
-                "whose parameters were all frozen in its forward");
 
     // Grad mode is off: straight to the backend kernel (see NormBackward::apply).
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -196,11 +205,10 @@ Result gelu_ffn_autograd(const at::Tensor& input, const at::Tensor& weight1,
     node->approximate_ = std::string(approximate);
     // Forward over reverse (a tangent; torch.func's transforms around this one, as in
     // hessian) recomputes hidden from the input: the saved hidden carries no tangent.
-    const bool frozen =
-        !requires_grad(weight1) && !requires_grad(bias1) && !requires_grad(weight2) &&
-        !requires_grad(bias2) && !any_tangent(input, weight1, bias1, weight2, bias2) &&
-        !any_transform_wrapper(input, weight1, bias1, weight2, bias2);
-    node->save({frozen ? at::Tensor() : input, weight1, defined_or_empty(bias1), weight2,
+    const bool keep_input = requires_grad(weight1) ||
+                            any_tangent(input, weight1, bias1, weight2, bias2) ||
+                            any_transform_wrapper(input, weight1, bias1, weight2, bias2);
+    node->save({keep_input ? input : at::Tensor(), weight1, defined_or_empty(bias1), weight2,
                 defined_or_empty(bias2), hidden});
     announce_node(node_ptr);
     return {out, hidden};

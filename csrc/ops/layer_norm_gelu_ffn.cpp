@@ -101,13 +101,24 @@ struct BlockBackward : public SavedListNode {
     const at::Tensor grad_rows = as_rows(grad_out, 1);
     const auto ln_w = contiguous_or_none(ln_weight), ln_b = contiguous_or_none(ln_bias);
     at::Tensor grad_normed, grad_w1, grad_b1, grad_w2, grad_b2;
-    if (any_wanted(wanted, 3, 7)) {
-      at::Tensor normed = row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
+    // The LayerNorm output, recomputed, is read for weight1's gradient alone.
+    const auto normed = [&] {
+      return row_ops::layer_norm_apply().call(x, mean, rstd, ln_w, ln_b);
+    };
+    if (wanted[3] && wanted[5]) {
       std::tie(grad_normed, grad_w1, grad_b1, grad_w2, grad_b2) = row_ops::gelu_ffn_bwd().call(
-          grad_rows, normed, hidden, weight1.contiguous(), weight2.contiguous(),
+          grad_rows, normed(), hidden, weight1.contiguous(), weight2.contiguous(),
           bias1.defined(), bias2.defined(), approximate);
-    } else {  // a frozen FFN: its input's gradient alone, without the LayerNorm output
-      grad_normed = formulas::ffn_input_grad(grad_rows, weight1, weight2, hidden, approximate);
+    } else {  // a frozen FFN weight: the wanted gradients alone (see GeluFFNBackward)
+      const auto ffn = formulas::ffn_wanted_grads(
+          grad_rows, wanted[3] ? normed() : at::Tensor(), weight1, bias1.defined(), weight2,
+          bias2.defined(), hidden, approximate,
+          {true, wanted[3], wanted[4], wanted[5], wanted[6]});
+      grad_normed = ffn[0];
+      grad_w1 = ffn[1];
+      grad_b1 = ffn[2];
+      grad_w2 = ffn[3];
+      grad_b2 = ffn[4];
     }
     // A frozen LayerNorm weight or bias gets no column sums (see NormBackward).
     const bool ln_weight_grad = ln_weight.defined() && wanted[1];
