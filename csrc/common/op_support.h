@@ -154,14 +154,6 @@ struct SavedListNode : public torch::autograd::Node {
   }
 };
 
-// Whether any of the gradients [begin, end) is wanted (SavedListNode::wanted_outputs).
-inline bool any_wanted(const std::vector<bool>& wanted, size_t begin, size_t end) {
-  for (size_t i = begin; i < end; ++i) {
-    if (wanted[i]) return true;
-  }
-  return false;
-}
-
 #if FUSEDNORM_COMPILED_AUTOGRAD
 // A SavedListNode's apply_with_saved: one call of fn (common/compiled_autograd.h) on its
 // saved tensors, then `constants`, then wanted_outputs() (unpack_functional reads them back).

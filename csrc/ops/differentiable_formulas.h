@@ -167,14 +167,11 @@ inline std::vector<at::Tensor> ffn_backward(const at::Tensor& input, const at::T
   const at::Tensor x = input.reshape_symint({-1, input.sym_size(-1)});
   const at::Tensor dy = grad_out.reshape_symint({-1, grad_out.sym_size(-1)});
   const std::optional<at::Tensor> b1 = bias1.defined() ? std::optional(bias1) : std::nullopt;
-  const at::Tensor hidden = at::linear(x, weight1, b1);
-  const at::Tensor act = at::gelu(hidden, approximate);
-  const at::Tensor grad_hidden = ffn_hidden_grad(dy, weight2, hidden, approximate);
-  return {at::mm(grad_hidden, weight1).view_symint(input.sym_sizes()),
-          at::mm(grad_hidden.t(), x),
-          bias1.defined() ? grad_hidden.sum(0) : at::Tensor(),
-          at::mm(dy.t(), act),
-          bias2.defined() ? dy.sum(0) : at::Tensor()};
+  std::vector<at::Tensor> grads =
+      ffn_wanted_grads(dy, x, weight1, bias1.defined(), weight2, bias2.defined(),
+                       at::linear(x, weight1, b1), approximate, std::vector<bool>(5, true));
+  grads[0] = grads[0].view_symint(input.sym_sizes());
+  return grads;
 }
 
 }  // namespace fusednorm::formulas
